@@ -1,0 +1,121 @@
+"""One process of a multi-process test (see tests/multiprocess.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def unique_token_docs(num_docs: int, seed: int, max_len: int) -> list[dict]:
+    """Documents whose tokens are globally unique, so coverage can be checked."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len, size=num_docs)
+    starts = 10 + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return [
+        {"tokens": np.arange(s, s + n, dtype=np.int32)} for s, n in zip(starts, lengths, strict=True)
+    ]
+
+
+def local_rows(array) -> dict[int, list[int]]:
+    """Rows of a global array held by this process, keyed by global row index."""
+    import numpy as np
+
+    rows = {}
+    for shard in array.addressable_shards:
+        start = shard.index[0].start or 0
+        for offset, row in enumerate(np.asarray(shard.data)):
+            rows[start + offset] = row.tolist()
+    return rows
+
+
+def build_mesh(params: dict):
+    import jax
+
+    import xlstm_data as xd
+
+    if params.get("device_order") == "tp_across_processes":
+        # tp pairs (p0 dev i, p1 dev i): each tp group spans both processes.
+        by_process = sorted(jax.devices(), key=lambda d: (d.id % 2, d.process_index))
+        return xd.create_mesh((1, 2, 2, 1), devices=by_process)
+    return xd.create_mesh(params.get("mesh", "dp:1,fsdp:-1,tp:1,sp:1"))
+
+
+def scenario_epoch(params: dict) -> dict:
+    import jax
+
+    import xlstm_data as xd
+
+    mesh = build_mesh(params)
+    docs = unique_token_docs(params["num_docs"], params.get("seed", 0), params.get("max_len", 40))
+    iterator = xd.make_grain_llm_iterator(
+        None,
+        None,
+        mesh,
+        docs,
+        global_batch_size=params["global_batch_size"],
+        max_target_length=params.get("max_target_length", 16),
+        shuffle=True,
+        data_shuffle_seed=3,
+        num_epochs=1,
+        grain_packing=params.get("packing", False),
+        worker_count=0,
+        drop_remainder=params.get("drop_remainder", False),
+    )
+    steps = []
+    for batch in iterator:
+        steps.append(
+            {
+                "shape": list(batch.inputs.shape),
+                "spec": str(batch.inputs.sharding.spec),
+                "inputs": local_rows(batch.inputs),
+                "segmentation": local_rows(batch.inputs_segmentation),
+            }
+        )
+    layout = iterator.layout
+    return {
+        "process_index": jax.process_index(),
+        "host_index": layout.host_index,
+        "host_count": layout.host_count,
+        "all_tokens": sorted(int(t) for d in docs for t in d["tokens"]),
+        "steps": steps,
+        "state": iterator.get_state(),
+    }
+
+
+SCENARIOS = {"epoch": scenario_epoch}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--process_id", type=int, required=True)
+    parser.add_argument("--num_processes", type=int, required=True)
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--params", default="{}")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 2)
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{args.port}",
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+        initialization_timeout=60,
+        heartbeat_timeout_seconds=20,
+        shutdown_timeout_seconds=20,
+    )
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()
+    result = SCENARIOS[args.scenario](json.loads(args.params))
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Runs a scenario in several real JAX processes on 127.0.0.1.
+
+Each process is a fresh interpreter running `tests/mp_worker.py`, which calls
+`jax.distributed.initialize` with short timeouts, runs the named scenario and
+writes its result as JSON. Every subprocess has a timeout, and a failure in
+any process fails the test with that process's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+WORKER = Path(__file__).with_name("mp_worker.py")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_processes(
+    scenario: str,
+    num_processes: int,
+    tmp_path: Path,
+    params: dict[str, Any] | None = None,
+    timeout: float = 120,
+) -> list[Any]:
+    """Runs `scenario` in `num_processes` processes and returns their results."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    procs = []
+    for pid in range(num_processes):
+        out = tmp_path / f"result_{scenario}_{pid}.json"
+        cmd = [
+            sys.executable,
+            str(WORKER),
+            f"--port={port}",
+            f"--process_id={pid}",
+            f"--num_processes={num_processes}",
+            f"--scenario={scenario}",
+            f"--params={json.dumps(params or {})}",
+            f"--out={out}",
+        ]
+        log = open(tmp_path / f"log_{scenario}_{pid}.txt", "w")  # noqa: SIM115
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), out))
+    failures = []
+    for pid, (proc, _) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                other.kill()
+            code = "timeout"
+        if code != 0:
+            log = (tmp_path / f"log_{scenario}_{pid}.txt").read_text()[-4000:]
+            failures.append(f"process {pid} exited with {code}:\n{log}")
+    if failures:
+        raise AssertionError("\n\n".join(failures))
+    return [json.loads(out.read_text()) for _, out in procs]

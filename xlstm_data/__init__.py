@@ -1,0 +1,29 @@
+"""xlstm-data: multi-host, checkpointable grain data pipelines for JAX training loops."""
+
+from xlstm_data.batch import LLMBatch
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.grain_iterator import (
+    make_grain_llm_dataset,
+    make_grain_llm_iterator,
+    make_grain_multihost_iterator,
+)
+from xlstm_data.host_layout import DataHostLayout, data_host_layout
+from xlstm_data.host_sharding import shard_grain_dataset
+from xlstm_data.mesh import create_mesh, data_parallel_size, data_sharding
+from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
+
+__all__ = [
+    "DataConfigError",
+    "DataHostLayout",
+    "DataReadError",
+    "LLMBatch",
+    "MultiHostDataLoadIterator",
+    "create_mesh",
+    "data_host_layout",
+    "data_parallel_size",
+    "data_sharding",
+    "make_grain_llm_dataset",
+    "make_grain_llm_iterator",
+    "make_grain_multihost_iterator",
+    "shard_grain_dataset",
+]

@@ -1,0 +1,309 @@
+"""The reference factories: documents to a packed, global, multi-host iterator.
+
+`make_grain_llm_dataset` builds one host's pipeline of rows (shard, shuffle,
+repeat, user operations, chunking, packing or padding, shifting);
+`make_grain_multihost_iterator` batches rows, optionally in grain worker
+processes, and wraps them in a `MultiHostDataLoadIterator`;
+`make_grain_llm_iterator` does both. Parameter names follow the reference
+implementation so existing configs keep working; where it was wrong (tokens
+truncated, data-host index from `jax.process_index()`), behaviour is fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+from absl import logging
+from jax.sharding import Mesh
+
+from xlstm_data.batch import LLMBatch
+from xlstm_data.batching import ScheduledBatchIterDataset
+from xlstm_data.chunking import DocumentChunkIterDataset
+from xlstm_data.errors import DataConfigError
+from xlstm_data.host_layout import DataHostLayout, data_host_layout
+from xlstm_data.host_sharding import shard_bounds, shard_grain_dataset
+from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
+from xlstm_data.packing import pack_examples, pad_examples
+from xlstm_data.sources import as_token_source
+
+__all__ = [
+    "make_grain_llm_dataset",
+    "make_grain_llm_iterator",
+    "make_grain_multihost_iterator",
+    "shard_grain_dataset",
+]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DataConfigError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
+    return value
+
+
+def _as_map_dataset(dataset: Any) -> grain.MapDataset:
+    if isinstance(dataset, grain.MapDataset):
+        return dataset
+    if isinstance(dataset, grain.IterDataset):
+        raise DataConfigError(
+            "dataset must support random access (a grain.MapDataset or a Sequence with "
+            f"__len__/__getitem__), got the iterable {type(dataset).__name__}"
+        )
+    return grain.MapDataset.source(as_token_source(dataset))
+
+
+def make_grain_llm_dataset(
+    dataloading_host_index: int,
+    dataloading_host_count: int,
+    dataset: Any,
+    global_batch_size: int,
+    max_target_length: int,
+    shuffle: bool,
+    data_shuffle_seed: int,
+    num_epochs: int | None = None,
+    operations: Sequence[Any] | None = None,
+    grain_packing: bool = False,
+    grain_packing_bin_count: int | None = None,
+    shift: bool = True,
+    shift_target: bool = True,
+    eod_token_id: int = 0,
+    apply_padding: bool = True,
+) -> grain.IterDataset:
+    """Creates one host's grain pipeline of LLM rows (not yet batched).
+
+    Documents are sharded contiguously over hosts, shuffled with a seed that
+    changes every epoch, repeated `num_epochs` times (forever if None), passed
+    through `operations`, split into chunks of at most `max_target_length`
+    tokens (never truncated: no token is lost), and packed first-fit or padded.
+
+    Args:
+      dataloading_host_index: This host's index among the data-loading hosts.
+      dataloading_host_count: Number of data-loading hosts.
+      dataset: Random-access documents `{"tokens": int32[n]}`: a grain
+        MapDataset, one of `xlstm_data.sources`, or any Sequence of dicts,
+        token arrays or rows of a 2-D array.
+      global_batch_size: Global batch size (checked to divide over hosts).
+      max_target_length: Row length (>= 2).
+      shuffle: Whether to shuffle documents.
+      data_shuffle_seed: Seed of the shuffle and of packing.
+      num_epochs: Passes over the data, or None to repeat forever.
+      operations: grain transformations applied to each document first.
+      grain_packing: Pack several documents per row (first fit).
+      grain_packing_bin_count: Open rows while packing; default the host
+        batch size.
+      shift: Make targets the inputs shifted by one token.
+      shift_target: Shift targets left (True) or inputs right with EOD as BOS.
+      eod_token_id: End-of-document id appended to every document.
+      apply_padding: Pad unpacked rows to `max_target_length` (otherwise they
+        stay ragged and are padded per batch).
+
+    Returns:
+      A `grain.IterDataset` of dicts with the six `LLMBatch` fields.
+    """
+    host_count = _check_int("dataloading_host_count", dataloading_host_count, 1)
+    shard_bounds(0, dataloading_host_index, host_count)  # validates the index
+    _check_int("max_target_length", max_target_length, 2)
+    _check_int("global_batch_size", global_batch_size, 1)
+    _check_int("eod_token_id", eod_token_id, 0)
+    if global_batch_size % host_count:
+        raise DataConfigError(
+            f"global_batch_size={global_batch_size} does not divide over "
+            f"dataloading_host_count={host_count} hosts; use a multiple of {host_count}"
+        )
+    if num_epochs is not None:
+        _check_int("num_epochs", num_epochs, 1)
+    if grain_packing_bin_count is not None:
+        _check_int("grain_packing_bin_count", grain_packing_bin_count, 1)
+    documents = _as_map_dataset(dataset)
+    if len(documents) == 0:
+        raise DataConfigError("dataset is empty; it must hold at least one document")
+    documents = shard_grain_dataset(documents, dataloading_host_index, host_count)
+    if shuffle:
+        documents = documents.shuffle(seed=data_shuffle_seed)
+    documents = documents.repeat(num_epochs)
+    if operations:
+        documents = grain.experimental.apply_transformations(documents, list(operations))
+    examples = DocumentChunkIterDataset(
+        documents.to_iter_dataset(),
+        max_target_length=max_target_length,
+        shift=shift,
+        shift_target=shift_target,
+        eod_token_id=eod_token_id,
+    )
+    if grain_packing:
+        bins = grain_packing_bin_count or global_batch_size // host_count
+        return pack_examples(examples, max_target_length, bins, seed=data_shuffle_seed)
+    return pad_examples(examples, max_target_length if apply_padding else None)
+
+
+def _host_layout_matching(mesh: Mesh, host_index: int | None, host_count: int | None):
+    layout = data_host_layout(mesh)
+    for name, given, derived in (
+        ("dataloading_host_count", host_count, layout.host_count),
+        ("dataloading_host_index", host_index, layout.host_index),
+    ):
+        if given is not None and given != derived:
+            raise DataConfigError(
+                f"{name}={given} disagrees with the mesh, whose data axes give {derived} for this "
+                "process (processes replicating the same batch rows share a data-loading host); "
+                f"pass {name}={derived} or None"
+            )
+    return layout
+
+
+def make_grain_multihost_iterator(
+    grain_datasets: grain.IterDataset | Sequence[grain.IterDataset],
+    dataset_lengths: int | Sequence[int] | None,
+    global_mesh: Mesh,
+    global_batch_size: int,
+    dataloading_host_count: int | None = None,
+    dataset_weights: Sequence[float] | Mapping[str, float] | None = None,
+    worker_count: int = 1,
+    worker_buffer_size: int = 1,
+    drop_remainder: bool = True,
+    batch_class: type = LLMBatch,
+    reset_after_epoch: bool = False,
+    use_thread_prefetch: bool = False,
+    batch_rampup_factors: Mapping[Any, float] | None = None,
+    *,
+    prefetch: int = 2,
+) -> MultiHostDataLoadIterator:
+    """Batches host pipelines and wraps them in a `MultiHostDataLoadIterator`.
+
+    Args:
+      grain_datasets: One pipeline from `make_grain_llm_dataset` (a list of
+        one is accepted too).
+      dataset_lengths: Documents per epoch, reported as `dataset_size`. The
+        number of batches is not derived from it: chunking and packing change
+        it, so the iterator runs until the data ends (hosts agree on the end).
+      global_mesh: The mesh; its data axes decide the data-loading hosts.
+      global_batch_size: Global batch size; must divide over the mesh's
+        data-parallel size.
+      dataloading_host_count: Checked against the mesh if given.
+      dataset_weights: Mixture weights (not implemented yet).
+      worker_count: grain worker processes (0: none).
+      worker_buffer_size: Elements buffered per worker (or thread prefetch).
+      drop_remainder: Drop the last partial batch (and, on several hosts, stop
+        at the first host's end); otherwise pad it with segmentation-0 rows.
+      batch_class: Class of the yielded batches.
+      reset_after_epoch: Restart from the beginning after the data ends.
+      use_thread_prefetch: Prefetch batches in a thread instead of workers.
+      batch_rampup_factors: Batch-size ramp-up (not implemented yet).
+      prefetch: Global batches prepared ahead on the devices.
+
+    Returns:
+      The multi-host iterator.
+    """
+    if batch_rampup_factors:
+        raise NotImplementedError("batch_rampup_factors is not supported yet")
+    datasets = [grain_datasets] if isinstance(grain_datasets, grain.IterDataset) else grain_datasets
+    if dataset_weights is not None or len(datasets) != 1:
+        raise NotImplementedError("mixing several datasets (dataset_weights) is not supported yet")
+    _check_int("worker_count", worker_count, 0)
+    _check_int("worker_buffer_size", worker_buffer_size, 1)
+    layout = _host_layout_matching(global_mesh, None, dataloading_host_count)
+    host_batch_size = layout.host_batch_size(global_batch_size)
+    rows = datasets[0]
+    if use_thread_prefetch:
+        if worker_count:
+            logging.info("use_thread_prefetch=True: ignoring worker_count=%d", worker_count)
+    elif worker_count > 0:
+        rows = rows.mp_prefetch(
+            grain.MultiprocessingOptions(
+                num_workers=worker_count, per_worker_buffer_size=worker_buffer_size
+            )
+        )
+    batches = ScheduledBatchIterDataset(rows, host_batch_size, drop_remainder=drop_remainder)
+    if use_thread_prefetch:
+        batches = grain.experimental.ThreadPrefetchIterDataset(
+            batches, prefetch_buffer_size=worker_buffer_size
+        )
+    if isinstance(dataset_lengths, int):
+        dataset_size = dataset_lengths
+    else:
+        dataset_size = sum(dataset_lengths) if dataset_lengths else None
+    return MultiHostDataLoadIterator(
+        batches,
+        global_mesh,
+        dataset_size=dataset_size,
+        reset_after_epoch=reset_after_epoch,
+        batch_class=batch_class,
+        drop_remainder=drop_remainder,
+        prefetch=prefetch,
+    )
+
+
+def make_grain_llm_iterator(
+    dataloading_host_index: int | None,
+    dataloading_host_count: int | None,
+    global_mesh: Mesh,
+    dataset: Any,
+    global_batch_size: int,
+    max_target_length: int,
+    shuffle: bool,
+    data_shuffle_seed: int,
+    num_epochs: int | None = None,
+    operations: Sequence[Any] | None = None,
+    grain_packing: bool = False,
+    grain_packing_bin_count: int | None = None,
+    shift: bool = True,
+    shift_target: bool = True,
+    eod_token_id: int = 0,
+    worker_count: int = 1,
+    worker_buffer_size: int = 1,
+    apply_padding: bool = True,
+    drop_remainder: bool = True,
+    batch_class: type = LLMBatch,
+    reset_after_epoch: bool = False,
+    use_thread_prefetch: bool = False,
+    batch_rampup_factors: Mapping[Any, float] | None = None,
+    *,
+    prefetch: int = 2,
+) -> MultiHostDataLoadIterator:
+    """Builds the host pipeline and the multi-host iterator in one call.
+
+    The data-loading host index and count come from the mesh; if given, they
+    must agree with it (pass None to take them from the mesh). See
+    `make_grain_llm_dataset` and `make_grain_multihost_iterator` for the
+    other arguments.
+
+    Returns:
+      The multi-host iterator of `batch_class` batches.
+    """
+    layout: DataHostLayout = _host_layout_matching(
+        global_mesh, dataloading_host_index, dataloading_host_count
+    )
+    layout.host_batch_size(global_batch_size)
+    rows = make_grain_llm_dataset(
+        layout.host_index,
+        layout.host_count,
+        dataset,
+        global_batch_size,
+        max_target_length,
+        shuffle,
+        data_shuffle_seed,
+        num_epochs=num_epochs,
+        operations=operations,
+        grain_packing=grain_packing,
+        grain_packing_bin_count=grain_packing_bin_count,
+        shift=shift,
+        shift_target=shift_target,
+        eod_token_id=eod_token_id,
+        apply_padding=apply_padding,
+    )
+    return make_grain_multihost_iterator(
+        rows,
+        len(dataset),
+        global_mesh,
+        global_batch_size,
+        layout.host_count,
+        worker_count=worker_count,
+        worker_buffer_size=worker_buffer_size,
+        drop_remainder=drop_remainder,
+        batch_class=batch_class,
+        reset_after_epoch=reset_after_epoch,
+        use_thread_prefetch=use_thread_prefetch,
+        batch_rampup_factors=batch_rampup_factors,
+        prefetch=prefetch,
+    )

@@ -1,0 +1,387 @@
+"""The iterator a training loop pulls: global, sharded, prefetched, resumable.
+
+Each process iterates its data-loading host's pipeline, turns each host batch
+into global `jax.Array`s on the mesh in a background thread (so device
+transfers overlap the training step), and hands them out in order. Its state
+is a plain JSON-able dict that records the step and the local pipeline's
+position after the last batch handed out, not after the prefetched ones.
+
+At the end of a finite stream all hosts must stop at the same step or the
+training step's collectives hang. Hosts therefore agree on the last step with
+a tiny all-gather of "batches I know I have", done only every `prefetch` steps
+and only for finite multi-host streams; a host that runs out first contributes
+padding rows (segmentation 0) until then. With `drop_remainder` the stream
+instead stops at the first host's end, dropping the rest explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import clu.data
+import grain
+import jax
+import numpy as np
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from xlstm_data.batch import LLM_BATCH_FIELDS
+from xlstm_data.errors import DataConfigError
+from xlstm_data.global_arrays import common_shapes, form_global_batch, pad_to_shape
+from xlstm_data.host_layout import data_host_layout
+from xlstm_data.mesh import data_sharding
+from xlstm_data.prefetch import BackgroundPrefetcher
+
+#: Version of the state dict written by `get_state`; bump on format changes.
+STATE_FORMAT_VERSION = 1
+_TOKEN_FIELDS = ("inputs", "targets")
+
+
+def is_infinite_stream(dataset: Any) -> bool:
+    """Whether a grain dataset repeats forever (every input path repeats).
+
+    Uses only public grain API: `len()` of an infinitely repeated MapDataset
+    is `sys.maxsize`, and `.parents` walks the pipeline.
+    """
+    if isinstance(dataset, grain.MapDataset) and len(dataset) >= sys.maxsize:
+        return True
+    parents = getattr(dataset, "parents", ())
+    return bool(parents) and all(is_infinite_stream(p) for p in parents)
+
+
+@dataclasses.dataclass
+class _Prefetched:
+    host: dict[str, np.ndarray]
+    device: dict[str, jax.Array] | None
+    state: dict[str, Any] | None
+
+
+class MultiHostDataLoadIterator(clu.data.DatasetIterator):
+    """Iterates global batches sharded over the mesh's data axes.
+
+    Args:
+      dataloader: An iterable of host batches (dicts of numpy arrays with a
+        leading batch axis), typically a grain `IterDataset`. Its iterator's
+        `get_state`/`set_state` are used when present.
+      global_mesh: The mesh; batches are sharded as `P(("dp", "fsdp"))`.
+      iterator_length: Stop with StopIteration after this many steps (per
+        epoch when `reset_after_epoch`), or None to run until the data ends.
+      dataset_size: Size of the dataset, reported as is for callers.
+      reset_after_epoch: At the end of an epoch, reset to the beginning so the
+        next pass starts over (for eval); otherwise stay exhausted.
+      pad_shapes: Pad every field to the largest shape over all processes
+        before forming the global array (for ragged host batches).
+      pad_value: Value used by `pad_shapes` and for the token fields of
+        padding rows; segmentation and positions are always padded with 0.
+      batch_class: Class the field dict is turned into (e.g. `LLMBatch`), or
+        None to yield dicts.
+      drop_remainder: At the end of a finite multi-host stream, stop at the
+        first host's end instead of padding the hosts that ended early.
+      prefetch: Global batches prepared ahead in a background thread.
+      sync_end: Whether hosts agree on the end of the stream; None decides
+        from the dataloader (finite grain pipelines on more than one host).
+    """
+
+    def __init__(
+        self,
+        dataloader: Iterable[Mapping[str, np.ndarray]],
+        global_mesh: Mesh,
+        iterator_length: int | None = None,
+        dataset_size: int | None = None,
+        reset_after_epoch: bool = False,
+        pad_shapes: bool = False,
+        pad_value: int | float = 0,
+        *,
+        batch_class: Callable[..., Any] | None = None,
+        drop_remainder: bool = False,
+        prefetch: int = 2,
+        sync_end: bool | None = None,
+    ):
+        if iterator_length is not None and iterator_length < 1:
+            raise DataConfigError(f"iterator_length={iterator_length} must be >= 1 or None")
+        if prefetch < 1:
+            raise DataConfigError(f"prefetch={prefetch} must be >= 1")
+        self.global_mesh = global_mesh
+        self.dataloader = dataloader
+        self.iterator_length = iterator_length
+        self.dataset_size = dataset_size
+        self.reset_after_epoch = reset_after_epoch
+        self.pad_shapes = pad_shapes
+        self.pad_value = pad_value
+        self.batch_class = batch_class
+        self.drop_remainder = drop_remainder
+        self.prefetch = prefetch
+        self.layout = data_host_layout(global_mesh)
+        self.sharding = data_sharding(global_mesh)
+        if sync_end is None:
+            sync_end = self.layout.host_count > 1 and not is_infinite_stream(dataloader)
+        self.sync_end = sync_end
+        self._padding_template: dict[str, np.ndarray] | None = None
+        self._element_spec: Any = None
+        self._prefetcher: BackgroundPrefetcher[_Prefetched] | None = None
+        self._local_iterator: Any = None
+        self.state_set = False
+        self._restart(None)
+
+    # Lifecycle ---------------------------------------------------------------
+
+    def _restart(self, state: Mapping[str, Any] | None) -> None:
+        """(Re)creates the local iterator at `state` and starts prefetching."""
+        self._stop_prefetch()
+        reusable = (
+            state is not None
+            and state.get("iterator") is not None
+            and _is_stateful(self._local_iterator)
+        )
+        if not reusable:
+            self._close_local()
+            self._local_iterator = iter(self.dataloader)
+        self._stateful = _is_stateful(self._local_iterator)
+        self.step_counter = 0
+        self._local_batches = 0
+        if state is not None:
+            self._seek(state)
+        self._local_ended = False
+        self._known_until = self.step_counter
+        self._total_steps: int | None = None
+        self._state_of_last = self._local_state()
+        self._prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
+
+    def _seek(self, state: Mapping[str, Any]) -> None:
+        if self._stateful and state.get("iterator") is not None:
+            self._local_iterator.set_state(state["iterator"])
+        else:
+            skip = int(state["local_batches"])
+            logging.warning(
+                "dataloader has no get_state/set_state; replaying %d batches to resume", skip
+            )
+            for _ in range(skip):
+                next(self._local_iterator)
+        self.step_counter = int(state["step"])
+        self._local_batches = int(state["local_batches"])
+
+    def _stop_prefetch(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+            self._prefetcher = None
+
+    def _close_local(self) -> None:
+        if self._local_iterator is not None and hasattr(self._local_iterator, "close"):
+            self._local_iterator.close()
+        self._local_iterator = None
+
+    def close(self) -> None:
+        """Stops the prefetch thread and closes the local pipeline (and its workers)."""
+        self._stop_prefetch()
+        self._close_local()
+
+    def __del__(self):
+        try:
+            self._stop_prefetch()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def reset(self) -> None:
+        """Restarts from the beginning of the data."""
+        self._restart(None)
+
+    # Producing ---------------------------------------------------------------
+
+    def _local_state(self) -> dict[str, Any] | None:
+        return self._local_iterator.get_state() if self._stateful else None
+
+    def _device_put_in_background(self) -> bool:
+        return not (self.pad_shapes and self.layout.process_count > 1)
+
+    def _produce(self) -> _Prefetched:
+        host = {k: np.asarray(v) for k, v in _as_dict(next(self._local_iterator)).items()}
+        state = self._local_state()
+        device = None
+        if self._device_put_in_background():
+            device = form_global_batch(host, self.sharding, self.layout.host_count)
+        return _Prefetched(host, device, state)
+
+    # Consuming ---------------------------------------------------------------
+
+    def __iter__(self) -> MultiHostDataLoadIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.iterator_length is not None and self.step_counter >= self.iterator_length:
+            self._end_of_epoch()
+        if self.sync_end and self._total_steps is None and self.step_counter >= self._known_until:
+            self._agree_on_end()
+        if self._total_steps is not None and self.step_counter >= self._total_steps:
+            self._end_of_epoch()
+        item = self._next_local()
+        if item is None:
+            if not self.sync_end:
+                self._end_of_epoch()
+            item = self._padding_item()
+        else:
+            self._local_batches += 1
+            self._state_of_last = item.state
+            if self._padding_template is None:
+                self._padding_template = {k: np.zeros_like(v) for k, v in item.host.items()}
+        arrays = item.device if item.device is not None else self._to_global(item.host)
+        self.step_counter += 1
+        if self._element_spec is None:
+            self._element_spec = self._spec_of(arrays)
+        return self._wrap(arrays)
+
+    def _next_local(self) -> _Prefetched | None:
+        if self._local_ended:
+            return None
+        try:
+            return self._prefetcher.get()
+        except StopIteration:
+            self._local_ended = True
+            return None
+
+    def _end_of_epoch(self):
+        if self.reset_after_epoch:
+            self.reset()
+        raise StopIteration
+
+    def _agree_on_end(self) -> None:
+        """All-gathers how many batches each host knows it has (a collective)."""
+        if self._local_ended:
+            known, ended = self._local_batches, True
+        else:
+            buffered, ended = self._prefetcher.wait_filled()
+            known = self._local_batches + buffered
+        table = np.asarray(
+            multihost_utils.process_allgather(np.array([known, int(ended)], dtype=np.int64))
+        ).reshape(-1, 2)
+        counts, ends = table[:, 0], table[:, 1].astype(bool)
+        if self.drop_remainder:
+            self._known_until = int(counts.min())
+            if np.any(ends & (counts == counts.min())):
+                self._total_steps = self._known_until
+        else:
+            self._known_until = int(counts.max())
+            if np.all(ends):
+                self._total_steps = self._known_until
+        logging.log_every_n(
+            logging.INFO, "end-of-data agreement at step %d: counts=%s ended=%s", 100,
+            self.step_counter, counts.tolist(), ends.tolist(),
+        )
+
+    def _padding_item(self) -> _Prefetched:
+        if self._padding_template is None:
+            raise DataConfigError(
+                f"data-loading host {self.layout.host_index} of {self.layout.host_count} produced "
+                "no batch at all; its dataset shard is empty or smaller than one host batch with "
+                "drop_remainder=True"
+            )
+        host = {
+            k: np.full_like(v, self.pad_value if k in _TOKEN_FIELDS else 0)
+            for k, v in self._padding_template.items()
+        }
+        return _Prefetched(host, None, self._state_of_last)
+
+    def _to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        if self.pad_shapes and self.layout.process_count > 1:
+            shapes = common_shapes(host)
+            host = {
+                k: pad_to_shape(v, shapes[k], self.pad_value if k in _TOKEN_FIELDS else 0)
+                for k, v in host.items()
+            }
+        return form_global_batch(host, self.sharding, self.layout.host_count)
+
+    def _wrap(self, arrays: dict[str, Any]) -> Any:
+        if self.batch_class is None:
+            return arrays
+        if set(LLM_BATCH_FIELDS) <= set(arrays):
+            return self.batch_class(**{k: arrays[k] for k in LLM_BATCH_FIELDS})
+        return self.batch_class(**arrays)
+
+    @staticmethod
+    def _spec_of(arrays: Mapping[str, jax.Array]) -> dict[str, clu.data.ArraySpec]:
+        return {k: clu.data.ArraySpec(dtype=v.dtype, shape=tuple(v.shape)) for k, v in arrays.items()}
+
+    @property
+    def element_spec(self) -> Any:
+        """Global shape and dtype of each field (peeks at the first batch)."""
+        if self._element_spec is None:
+            first = self._prefetcher.peek()
+            if first is None:
+                raise ValueError("the dataloader produced no batch, so it has no element_spec")
+            host = first.host
+            self._element_spec = {
+                k: clu.data.ArraySpec(
+                    dtype=v.dtype, shape=(v.shape[0] * self.layout.host_count,) + v.shape[1:]
+                )
+                for k, v in host.items()
+            }
+        return self._wrap(self._element_spec)
+
+    # State -------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """The position after the last batch handed out, as a JSON-able dict."""
+        return {
+            "format_version": STATE_FORMAT_VERSION,
+            "step": self.step_counter,
+            "local_batches": self._local_batches,
+            "data_host_index": self.layout.host_index,
+            "data_host_count": self.layout.host_count,
+            "process_index": self.layout.process_index,
+            "process_count": self.layout.process_count,
+            "iterator": self._state_of_last,
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continues from a state returned by `get_state` (same process layout)."""
+        version = state.get("format_version")
+        if version != STATE_FORMAT_VERSION:
+            raise DataConfigError(
+                f"iterator state format_version={version!r} is not supported; this version of "
+                f"xlstm-data reads format_version={STATE_FORMAT_VERSION}"
+            )
+        for key, mine in (
+            ("process_count", self.layout.process_count),
+            ("data_host_count", self.layout.host_count),
+            ("data_host_index", self.layout.host_index),
+        ):
+            if int(state[key]) != mine:
+                raise DataConfigError(
+                    f"iterator state was saved with {key}={state[key]} but this run has "
+                    f"{key}={mine}; the data position cannot be carried over to another "
+                    "process layout (it would silently restart or skip data)"
+                )
+        self._restart(state)
+        self.state_set = True
+
+    def save(self, filename: epath.PathLike) -> None:
+        """Writes this process's state as JSON to `filename` (CLU surface)."""
+        epath.Path(filename).write_text(json.dumps(self.get_state()))
+
+    def restore(self, filename: epath.PathLike) -> None:
+        """Reads a state written by `save` (CLU surface)."""
+        path = epath.Path(filename)
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise DataConfigError(f"cannot read iterator state file {path}: {error}") from error
+        self.set_state(state)
+
+
+def _is_stateful(iterator: Any) -> bool:
+    return hasattr(iterator, "get_state") and hasattr(iterator, "set_state")
+
+
+def _as_dict(batch: Any) -> Mapping[str, Any]:
+    if isinstance(batch, Mapping):
+        return batch
+    if dataclasses.is_dataclass(batch):
+        return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    raise DataConfigError(
+        f"dataloader yielded a {type(batch).__name__}; expected a dict of numpy arrays"
+    )

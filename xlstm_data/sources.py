@@ -1,0 +1,952 @@
+"""Random-access document sources: where token ids enter the pipeline.
+
+Every source here is a grain random-access data source (`__len__`,
+`__getitem__`) whose elements are documents `{"tokens": int32 1-D array}`.
+Global shuffling, sharding and checkpointing in grain rely only on indices, so a
+source must return the same document for the same index in every process and in
+any access order.
+
+Sources are built in the launcher process and pickled into grain worker
+processes; they therefore validate their arguments (and peek at the first
+record) at construction, keep only picklable state, and open file handles
+lazily in the process that reads. Corrupt or mismatched data raises
+`DataReadError` naming the file and record, so a bad shard can be found without
+reading our code.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import contextlib
+import functools
+import glob
+import json
+import math
+import numbers
+import operator
+import os
+import threading
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, SupportsIndex
+
+import grain
+import numpy as np
+from absl import logging
+
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.tokenizers import Tokenizer, get_tokenizer
+
+__all__ = [
+    "ArrayRecordSource",
+    "InMemorySource",
+    "SyntheticSource",
+    "TextFileSource",
+    "TokenSource",
+    "as_token_source",
+    "write_array_record",
+]
+
+Document = dict[str, np.ndarray]
+PathPattern = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+TokenizerSpec = Tokenizer | str | None
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_RECORD_FORMATS = ("tokens", "text")
+_TEXT_UNITS = ("line", "file")
+
+
+class TokenSource(abc.ABC):
+    """Base class of the sources in this module.
+
+    Subclasses implement `__len__` and `_read`; this class handles index
+    normalisation and wraps the token array in a document dict.
+
+    Attributes:
+      vocab_size: Exclusive upper bound that every token id is checked against
+        when read, or None when the source does not know its vocabulary.
+    """
+
+    vocab_size: int | None = None
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Returns the number of documents."""
+
+    @abc.abstractmethod
+    def _read(self, index: int) -> np.ndarray:
+        """Returns the int32 tokens of document `index` (already in range)."""
+
+    def __getitem__(self, index: SupportsIndex) -> Document:
+        """Reads one document.
+
+        Args:
+          index: Document index in [-len, len).
+
+        Returns:
+          `{"tokens": np.ndarray}` with a 1-D int32 array.
+
+        Raises:
+          IndexError: If `index` is out of range.
+          DataReadError: If the stored document cannot be decoded.
+        """
+        n = len(self)
+        i = operator.index(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(
+                f"{type(self).__name__}: index {operator.index(index)} is out of range; "
+                f"valid indices are 0..{n - 1}."
+            )
+        return {"tokens": self._read(i)}
+
+
+# ----------------------------------------------------------------------------
+# Helpers shared by the sources.
+# ----------------------------------------------------------------------------
+
+
+def _expand_files(pattern: PathPattern, arg: str = "pattern") -> list[str]:
+    """Expands a glob, a path, or a list of them into a sorted list of files.
+
+    Args:
+      pattern: A glob/path or a sequence of globs/paths. `**` recurses.
+      arg: Argument name used in error messages.
+
+    Returns:
+      Sorted, de-duplicated file paths.
+
+    Raises:
+      DataConfigError: If `pattern` has a wrong type, is empty, or one of its
+        entries matches no file.
+    """
+    if isinstance(pattern, (str, os.PathLike)):
+        patterns = [pattern]
+    elif isinstance(pattern, Sequence) and not isinstance(pattern, (bytes, bytearray)):
+        patterns = list(pattern)
+    else:
+        raise DataConfigError(
+            f"{arg}={pattern!r} must be a path/glob string or a list of them, "
+            f"not {type(pattern).__name__}."
+        )
+    if not patterns:
+        raise DataConfigError(f"{arg}=[] is empty; pass at least one path or glob.")
+    files: set[str] = set()
+    for p in patterns:
+        if not isinstance(p, (str, os.PathLike)):
+            raise DataConfigError(
+                f"{arg} entries must be path/glob strings; got {p!r} ({type(p).__name__})."
+            )
+        text = os.path.expanduser(os.fspath(p))
+        if os.path.isfile(text):
+            matches = [text]
+        else:
+            matches = [m for m in glob.glob(text, recursive=True) if os.path.isfile(m)]
+        if not matches:
+            hint = (
+                f" It is a directory; use {os.path.join(text, '*')!r}."
+                if os.path.isdir(text)
+                else ""
+            )
+            raise DataConfigError(
+                f"{arg}={os.fspath(p)!r} matches no file (relative paths are resolved against "
+                f"{os.getcwd()!r}).{hint} Pass an existing file path or a glob such as "
+                "'data/train-*.arrayrecord'."
+            )
+        files.update(matches)
+    return sorted(files)
+
+
+def _check_vocab_size(vocab_size: Any, arg: str = "vocab_size") -> int | None:
+    """Validates an optional vocabulary size argument.
+
+    Args:
+      vocab_size: None or a positive integer that fits in int32 + 1.
+      arg: Argument name used in error messages.
+
+    Returns:
+      The vocabulary size as int, or None.
+    """
+    if vocab_size is None:
+        return None
+    if (
+        isinstance(vocab_size, bool)
+        or not isinstance(vocab_size, numbers.Integral)
+        or not 1 <= int(vocab_size) <= _INT32_MAX + 1
+    ):
+        raise DataConfigError(
+            f"{arg}={vocab_size!r} is invalid; pass None or an integer in [1, 2**31]."
+        )
+    return int(vocab_size)
+
+
+def _check_int(value: Any, arg: str, minimum: int) -> int:
+    """Validates an integer argument that must be >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise DataConfigError(f"{arg}={value!r} is invalid; pass an integer >= {minimum}.")
+    return int(value)
+
+
+def _checked_int32(values: np.ndarray, vocab_size: int | None, where: str) -> np.ndarray:
+    """Checks token ids are valid and returns them as a fresh int32 array.
+
+    Args:
+      values: 1-D integer array of token ids, any integer dtype.
+      vocab_size: Exclusive upper bound, or None to check only the int32 range.
+      where: Names the source and record for the error message.
+
+    Returns:
+      A 1-D int32 array that does not share memory with cached state.
+
+    Raises:
+      DataReadError: If an id is negative, >= vocab_size, or overflows int32.
+    """
+    if values.size:
+        upper = _INT32_MAX + 1 if vocab_size is None else vocab_size
+        lo, hi = int(values.min()), int(values.max())
+        if lo < 0 or hi >= upper:
+            bad = np.flatnonzero((values < 0) | (values >= upper))[0]
+            bad_id = int(values[bad])
+            if vocab_size is None:
+                detail = (
+                    f"token id {bad_id} at position {bad} is not a valid token id "
+                    "(ids must be in [0, 2**31))"
+                )
+            else:
+                detail = (
+                    f"token id {bad_id} at position {bad} is outside [0, {vocab_size}) "
+                    f"for vocab_size={vocab_size}; the data was tokenized with a different "
+                    "vocabulary, or vocab_size/tokenizer is wrong"
+                )
+            raise DataReadError(f"{where}: {detail}.")
+    return np.array(values, dtype=np.int32, copy=True)
+
+
+def _decode_utf8(raw: bytes, where: str) -> str:
+    """Decodes UTF-8 strictly, raising DataReadError naming `where`."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataReadError(
+            f"{where}: is not valid UTF-8 text (byte {e.start}: {e.reason}); the record may be "
+            "token ids (record_format='tokens') or the file may use another encoding."
+        ) from e
+
+
+# ----------------------------------------------------------------------------
+# ArrayRecord.
+# ----------------------------------------------------------------------------
+
+
+class ArrayRecordSource(TokenSource):
+    """Documents stored one per record in ArrayRecord files.
+
+    Records are either raw little-endian int32 token ids (`record_format=
+    "tokens"`, what `write_array_record` writes for arrays) or UTF-8 text
+    (`"text"`), tokenized on read. One grain `ArrayRecordDataSource` per file
+    keeps the file of every global index known, so read errors name the file
+    and the record index inside it.
+    """
+
+    def __init__(
+        self,
+        pattern: PathPattern,
+        record_format: str = "tokens",
+        tokenizer: TokenizerSpec = None,
+        vocab_size: int | None = None,
+    ) -> None:
+        """Opens the files, counts their records and decodes the first record.
+
+        Args:
+          pattern: Glob or path, or a list of them; matched files are sorted.
+          record_format: "tokens" (int32 bytes) or "text" (UTF-8).
+          tokenizer: Tokenizer or spec for `get_tokenizer`. Encodes text records
+            (default byte tokenizer); for "tokens" it only supplies vocab_size.
+          vocab_size: Exclusive bound checked for every token id. Defaults to
+            the tokenizer's vocab_size; unchecked for "tokens" with neither.
+
+        Raises:
+          DataConfigError: On a bad argument, a pattern matching no file, a file
+            that is not ArrayRecord, or no records at all.
+          DataReadError: If the first record does not decode in `record_format`.
+        """
+        if record_format not in _RECORD_FORMATS:
+            raise DataConfigError(
+                f"ArrayRecordSource: record_format={record_format!r} is not valid; use one of "
+                f"{list(_RECORD_FORMATS)}."
+            )
+        self._record_format = record_format
+        if record_format == "text" or tokenizer is not None:
+            self._tokenizer: Tokenizer | None = get_tokenizer(tokenizer)
+        else:
+            self._tokenizer = None
+        vocab = _check_vocab_size(vocab_size)
+        if vocab is None and self._tokenizer is not None:
+            vocab = int(self._tokenizer.vocab_size)
+        self.vocab_size = vocab
+        self._files = _expand_files(pattern)
+        self._sources: list[Any] = []
+        lengths: list[int] = []
+        for path in self._files:
+            try:
+                src = grain.sources.ArrayRecordDataSource(path)
+            except Exception as e:  # The reader raises plain RuntimeError/ValueError.
+                raise DataConfigError(
+                    f"ArrayRecordSource: file {path!r} matched by pattern={pattern!r} is not a "
+                    f"readable ArrayRecord file ({type(e).__name__}: {e}); narrow the pattern "
+                    "to ArrayRecord files only."
+                ) from e
+            self._sources.append(src)
+            lengths.append(len(src))
+        self._ends = list(np.cumsum(lengths, dtype=np.int64).tolist())
+        self._num_records = int(self._ends[-1])
+        if self._num_records == 0:
+            raise DataConfigError(
+                f"ArrayRecordSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
+                "they hold no records; point it at non-empty ArrayRecord files."
+            )
+        # Decode the first record now so a wrong record_format fails at launch.
+        first_file = next(i for i, n in enumerate(lengths) if n > 0)
+        self._read_local(first_file, 0, self._ends[first_file - 1] if first_file else 0)
+        logging.info(
+            "ArrayRecordSource: %d records in %d files (%s ... %s), record_format=%s, "
+            "vocab_size=%s.",
+            self._num_records,
+            len(self._files),
+            self._files[0],
+            self._files[-1],
+            record_format,
+            vocab,
+        )
+
+    @property
+    def files(self) -> list[str]:
+        """The sorted list of files read."""
+        return list(self._files)
+
+    @property
+    def record_format(self) -> str:
+        """ "tokens" or "text"."""
+        return self._record_format
+
+    def __len__(self) -> int:
+        return self._num_records
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """Maps a global record index to (file path, record index in that file).
+
+        Args:
+          index: Global index in [0, len).
+
+        Returns:
+          The file and the record index within it.
+        """
+        file_idx = bisect.bisect_right(self._ends, index)
+        start = self._ends[file_idx - 1] if file_idx else 0
+        return self._files[file_idx], index - start
+
+    def _read(self, index: int) -> np.ndarray:
+        file_idx = bisect.bisect_right(self._ends, index)
+        start = self._ends[file_idx - 1] if file_idx else 0
+        return self._read_local(file_idx, index - start, index)
+
+    def _read_local(self, file_idx: int, local: int, global_index: int) -> np.ndarray:
+        """Reads and decodes record `local` of file `file_idx`."""
+        path = self._files[file_idx]
+        where = f"ArrayRecordSource: record {local} of file {path!r} (global index {global_index})"
+        try:
+            raw = self._sources[file_idx][local]
+        except Exception as e:
+            raise DataReadError(f"{where}: could not be read ({type(e).__name__}: {e}).") from e
+        if self._record_format == "tokens":
+            if len(raw) % 4:
+                raise DataReadError(
+                    f"{where}: has {len(raw)} bytes, not a multiple of 4, so it is neither valid "
+                    "int32 token bytes; if the records hold text use record_format='text'."
+                )
+            values = np.frombuffer(raw, dtype="<i4")
+        else:
+            assert self._tokenizer is not None
+            values = self._tokenizer.encode(_decode_utf8(raw, where))
+        return _checked_int32(values, self.vocab_size, where)
+
+    def __repr__(self) -> str:
+        files = (
+            repr(self._files[0])
+            if len(self._files) == 1
+            else f"{len(self._files)} files {self._files[0]!r}..{self._files[-1]!r}"
+        )
+        return (
+            f"ArrayRecordSource({files}, records={self._num_records}, "
+            f"record_format={self._record_format!r}, vocab_size={self.vocab_size})"
+        )
+
+
+def write_array_record(
+    path: str | os.PathLike[str], records: Iterable[bytes | np.ndarray | str | Sequence[int]]
+) -> int:
+    """Writes records to an ArrayRecord file with group size 1 (for random access).
+
+    Args:
+      path: Output file; parent directories are created. Overwritten if present.
+      records: bytes are written as is, str as UTF-8, integer arrays or lists
+        as little-endian int32 bytes (the "tokens" record format).
+
+    Returns:
+      The number of records written.
+
+    Raises:
+      DataConfigError: If a record has an unsupported type or values that do
+        not fit in int32. The partially written file is removed.
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    out = os.fspath(path)
+    parent = os.path.dirname(out)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    writer = ArrayRecordWriter(out, "group_size:1")
+    count = 0
+    ok = False
+    try:
+        for i, record in enumerate(records):
+            writer.write(_record_bytes(record, i))
+            count += 1
+        ok = True
+    finally:
+        writer.close()
+        if not ok and os.path.exists(out):
+            os.remove(out)
+    logging.info("write_array_record: wrote %d records to %s.", count, out)
+    return count
+
+
+def _record_bytes(record: Any, index: int) -> bytes:
+    """Serialises one record for `write_array_record`."""
+    if isinstance(record, (bytes, bytearray, memoryview)):
+        return bytes(record)
+    if isinstance(record, str):
+        return record.encode("utf-8")
+    if isinstance(record, (np.ndarray, list, tuple)):
+        arr = np.asarray(record)
+        if arr.size == 0:
+            return b""
+        if arr.ndim == 1 and arr.dtype.kind in "iu":
+            if int(arr.min()) < -_INT32_MAX - 1 or int(arr.max()) > _INT32_MAX:
+                raise DataConfigError(
+                    f"write_array_record: record {index} has values outside the int32 range "
+                    f"[{int(arr.min())}, {int(arr.max())}]; token ids must fit in int32."
+                )
+            return arr.astype("<i4").tobytes()
+        raise DataConfigError(
+            f"write_array_record: record {index} is an array of shape {arr.shape} dtype "
+            f"{arr.dtype}; pass a 1-D integer array (token ids)."
+        )
+    raise DataConfigError(
+        f"write_array_record: record {index} has type {type(record).__name__}; pass bytes, "
+        "str, or a 1-D integer array/list."
+    )
+
+
+# ----------------------------------------------------------------------------
+# Text / JSONL files.
+# ----------------------------------------------------------------------------
+
+
+class TextFileSource(TokenSource):
+    """Documents from plain-text or JSONL files, tokenized on read.
+
+    With `unit="line"` every non-blank line is a document; an index of
+    (file, byte offset, length, line number) is built by one sequential scan at
+    construction so reads are O(1) positioned reads. Lines of `.jsonl` files
+    (or of all files when `jsonl_field` is set) are JSON objects whose
+    `jsonl_field` (default "text") holds the document text. With
+    `unit="file"` every non-empty file is one document.
+    """
+
+    def __init__(
+        self,
+        pattern: PathPattern,
+        tokenizer: TokenizerSpec = None,
+        unit: str = "line",
+        jsonl_field: str | None = None,
+    ) -> None:
+        """Finds the files and indexes their documents.
+
+        Args:
+          pattern: Glob or path, or a list of them; matched files are sorted.
+          tokenizer: Tokenizer or spec for `get_tokenizer`; default byte-level.
+          unit: "line" (one document per non-blank line) or "file".
+          jsonl_field: If set, every file is JSONL and this key holds the text;
+            otherwise only files ending in ".jsonl" are JSONL, with key "text".
+
+        Raises:
+          DataConfigError: On a bad argument, a pattern matching no file, JSONL
+            with unit="file", or no documents at all.
+        """
+        if unit not in _TEXT_UNITS:
+            raise DataConfigError(
+                f"TextFileSource: unit={unit!r} is not valid; use one of {list(_TEXT_UNITS)}."
+            )
+        if jsonl_field is not None and (not isinstance(jsonl_field, str) or not jsonl_field):
+            raise DataConfigError(
+                f"TextFileSource: jsonl_field={jsonl_field!r} is not valid; pass None or a "
+                "non-empty key name such as 'text'."
+            )
+        self._unit = unit
+        self._tokenizer = get_tokenizer(tokenizer)
+        self.vocab_size = int(self._tokenizer.vocab_size)
+        self._files = _expand_files(pattern)
+        self._fields: list[str | None] = [
+            jsonl_field if jsonl_field is not None else ("text" if f.endswith(".jsonl") else None)
+            for f in self._files
+        ]
+        if unit == "file":
+            jsonl = [f for f, fld in zip(self._files, self._fields, strict=True) if fld]
+            if jsonl:
+                raise DataConfigError(
+                    f"TextFileSource: unit='file' cannot read JSONL file {jsonl[0]!r} (a JSONL "
+                    "file holds one document per line); use unit='line'."
+                )
+        file_ids, offsets, lengths, line_numbers = array("i"), array("q"), array("q"), array("q")
+        for fi, path in enumerate(self._files):
+            if unit == "file":
+                size = os.path.getsize(path)
+                if size:
+                    file_ids.append(fi)
+                    offsets.append(0)
+                    lengths.append(size)
+                    line_numbers.append(1)
+                continue
+            offset = 0
+            with open(path, "rb") as f:
+                for line_number, line in enumerate(f, 1):
+                    content = line.rstrip(b"\r\n")
+                    if content.strip():
+                        file_ids.append(fi)
+                        offsets.append(offset)
+                        lengths.append(len(content))
+                        line_numbers.append(line_number)
+                    offset += len(line)
+        self._file_ids = np.frombuffer(file_ids, dtype=np.int32).copy()
+        self._offsets = np.frombuffer(offsets, dtype=np.int64).copy()
+        self._lengths = np.frombuffer(lengths, dtype=np.int64).copy()
+        self._line_numbers = np.frombuffer(line_numbers, dtype=np.int64).copy()
+        if not len(self._file_ids):
+            raise DataConfigError(
+                f"TextFileSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
+                f"they contain no documents (unit={unit!r}: all lines/files are blank)."
+            )
+        self._init_handles()
+        logging.info(
+            "TextFileSource: %d documents (unit=%s) in %d files (%s ... %s).",
+            len(self._file_ids),
+            unit,
+            len(self._files),
+            self._files[0],
+            self._files[-1],
+        )
+
+    def _init_handles(self) -> None:
+        """Creates the per-process (unpicklable) file handle cache."""
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def files(self) -> list[str]:
+        """The sorted list of files read."""
+        return list(self._files)
+
+    def __len__(self) -> int:
+        return len(self._file_ids)
+
+    def _fd(self, file_idx: int) -> int:
+        """Returns this process's read-only descriptor for a file, opening it once."""
+        fd = self._fds.get(file_idx)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(file_idx)
+                if fd is None:
+                    fd = os.open(self._files[file_idx], os.O_RDONLY)
+                    self._fds[file_idx] = fd
+        return fd
+
+    def _read(self, index: int) -> np.ndarray:
+        file_idx = int(self._file_ids[index])
+        offset, length = int(self._offsets[index]), int(self._lengths[index])
+        path = self._files[file_idx]
+        if self._unit == "file":
+            where = f"TextFileSource: file {path!r} (document {index})"
+            with open(path, "rb") as f:
+                raw = f.read()
+        else:
+            where = (
+                f"TextFileSource: line {int(self._line_numbers[index])} of file {path!r} "
+                f"(document {index})"
+            )
+            raw = os.pread(self._fd(file_idx), length, offset)
+        if len(raw) != length:
+            raise DataReadError(
+                f"{where}: expected {length} bytes at offset {offset} but read {len(raw)}; the "
+                "file changed after the source was built. Rebuild the source."
+            )
+        text = _decode_utf8(raw, where)
+        field = self._fields[file_idx]
+        if field is not None:
+            text = _jsonl_text(text, field, where)
+        return _checked_int32(self._tokenizer.encode(text), self.vocab_size, where)
+
+    def close(self) -> None:
+        """Closes the file descriptors opened by this process."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fds", None):
+            self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Drops the open file descriptors and lock; they are per process."""
+        state = self.__dict__.copy()
+        del state["_fds"], state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restores state; files are reopened lazily on first read."""
+        self.__dict__.update(state)
+        self._init_handles()
+
+    def __repr__(self) -> str:
+        files = (
+            repr(self._files[0])
+            if len(self._files) == 1
+            else f"{len(self._files)} files {self._files[0]!r}..{self._files[-1]!r}"
+        )
+        fields = sorted({f for f in self._fields if f is not None})
+        return (
+            f"TextFileSource({files}, documents={len(self)}, unit={self._unit!r}, "
+            f"jsonl_fields={fields}, tokenizer={self._tokenizer!r})"
+        )
+
+
+def _jsonl_text(line: str, field: str, where: str) -> str:
+    """Extracts `field` from one JSONL line, raising DataReadError naming `where`."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataReadError(
+            f"{where}: is not valid JSON ({e.msg} at column {e.colno}); each line of a JSONL "
+            "file must be one JSON object."
+        ) from e
+    if not isinstance(obj, Mapping):
+        raise DataReadError(
+            f"{where}: is a JSON {type(obj).__name__}, not an object with a {field!r} key."
+        )
+    if field not in obj:
+        keys = sorted(obj)[:10]
+        raise DataReadError(
+            f"{where}: JSON object has no {field!r} key (keys: {keys}); set jsonl_field to the "
+            "key holding the document text."
+        )
+    value = obj[field]
+    if not isinstance(value, str):
+        raise DataReadError(
+            f"{where}: JSON field {field!r} is a {type(value).__name__}, not a string."
+        )
+    return value
+
+
+# ----------------------------------------------------------------------------
+# In memory.
+# ----------------------------------------------------------------------------
+
+
+class InMemorySource(TokenSource):
+    """Documents held in a Python sequence or a 2-D array, for tests and small data.
+
+    Elements may be dicts with a "tokens" key, 1-D integer arrays or lists, or
+    str (tokenized on read). The sequence is referenced, not copied; each read
+    returns a fresh int32 copy.
+    """
+
+    def __init__(
+        self,
+        data: Sequence[Any] | np.ndarray,
+        tokenizer: TokenizerSpec = None,
+        vocab_size: int | None = None,
+    ) -> None:
+        """Validates the container and its first element.
+
+        Args:
+          data: A sequence of documents or a 2-D integer array (one row each).
+          tokenizer: Tokenizer or spec for `get_tokenizer`, used for str
+            elements (default byte-level).
+          vocab_size: Exclusive bound checked for every token id. Defaults to
+            the tokenizer's vocab_size when a tokenizer is given, else only the
+            int32 range is checked.
+
+        Raises:
+          DataConfigError: If `data` is empty, not a sequence, or its first
+            element has an unsupported type.
+        """
+        if isinstance(data, np.ndarray):
+            if data.ndim == 2 and data.dtype.kind in "iu":
+                pass
+            elif not (data.ndim == 1 and data.dtype == object):
+                raise DataConfigError(
+                    f"InMemorySource: data is an array of shape {data.shape} dtype {data.dtype}; "
+                    "pass a 2-D integer array (one document per row), or a list of 1-D arrays "
+                    "(for a single document use [tokens])."
+                )
+        elif isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Sequence):
+            raise DataConfigError(
+                f"InMemorySource: data of type {type(data).__name__} is not supported; pass a "
+                "list of documents (dicts with 'tokens', 1-D int arrays/lists, or str) or a 2-D "
+                "int array."
+            )
+        if len(data) == 0:
+            raise DataConfigError("InMemorySource: data is empty; pass at least one document.")
+        self._data = data
+        self._tokenizer: Tokenizer | None = None if tokenizer is None else get_tokenizer(tokenizer)
+        vocab = _check_vocab_size(vocab_size)
+        if vocab is None and self._tokenizer is not None:
+            vocab = int(self._tokenizer.vocab_size)
+        self.vocab_size = vocab
+        self._read(0)  # Validates the element type before any pipeline runs.
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _read(self, index: int) -> np.ndarray:
+        element = self._data[index]
+        where = f"InMemorySource: document {index}"
+        if isinstance(element, Mapping):
+            if "tokens" not in element:
+                raise DataConfigError(
+                    f"{where} is a dict without a 'tokens' key (keys: {sorted(element)[:10]}); "
+                    "pass {'tokens': ids}."
+                )
+            element = element["tokens"]
+        if isinstance(element, str):
+            if self._tokenizer is None:
+                self._tokenizer = get_tokenizer(None)
+            values = self._tokenizer.encode(element)
+            vocab = self.vocab_size if self.vocab_size is not None else self._tokenizer.vocab_size
+            return _checked_int32(values, vocab, where)
+        if not isinstance(element, (np.ndarray, list, tuple)):
+            raise DataConfigError(
+                f"{where} has unsupported type {type(element).__name__}; pass a dict with "
+                "'tokens', a 1-D integer array/list, or a str."
+            )
+        values = np.asarray(element)
+        if values.size == 0:
+            return np.zeros((0,), np.int32)
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            raise DataConfigError(
+                f"{where} is an array of shape {values.shape} dtype {values.dtype}; pass a 1-D "
+                "integer array/list of token ids."
+            )
+        return _checked_int32(values, self.vocab_size, where)
+
+    def __repr__(self) -> str:
+        return (
+            f"InMemorySource(documents={len(self)}, data={type(self._data).__name__}, "
+            f"vocab_size={self.vocab_size})"
+        )
+
+
+# ----------------------------------------------------------------------------
+# Synthetic.
+# ----------------------------------------------------------------------------
+
+_LENGTH_BLOCK = 1024  # Documents whose lengths are drawn together.
+_TOKENS_STREAM, _LENGTHS_STREAM = 0, 1  # Distinct seed words: independent streams.
+
+
+@functools.lru_cache(maxsize=64)
+def _synthetic_block(
+    seed: int, block: int, mu: float, sigma: float, min_length: int, max_length: int
+) -> np.ndarray:
+    """Lengths of documents [block * B, (block + 1) * B) of a SyntheticSource.
+
+    Drawn in one call from a generator keyed by (seed, block), so any index's
+    length is O(1) to compute, independent of access order, and identical to
+    the vectorised `SyntheticSource.lengths()`.
+    """
+    rng = np.random.default_rng([seed, _LENGTHS_STREAM, block])
+    raw = rng.lognormal(mean=mu, sigma=sigma, size=_LENGTH_BLOCK)
+    lengths = np.clip(np.rint(np.minimum(raw, max_length)), min_length, max_length)
+    out = lengths.astype(np.int64)
+    out.flags.writeable = False  # Shared through the cache.
+    return out
+
+
+class SyntheticSource(TokenSource):
+    """Random documents with lognormal lengths, for benchmarks and tests.
+
+    Document lengths follow a lognormal with mean `mean_length` (mu =
+    log(mean_length) - sigma**2 / 2), rounded and clipped to [min_length,
+    max_length]; tokens are uniform in [min_token_id, vocab_size). Every
+    document is a pure function of (seed, index).
+    """
+
+    def __init__(
+        self,
+        num_documents: int,
+        mean_length: float = 256,
+        sigma: float = 1.0,
+        vocab_size: int = 258,
+        seed: int = 0,
+        min_length: int = 1,
+        max_length: int | None = None,
+        min_token_id: int = 2,
+    ) -> None:
+        """Validates the arguments.
+
+        Args:
+          num_documents: Number of documents, >= 1.
+          mean_length: Mean of the lognormal length distribution, > 0.
+          sigma: Standard deviation of log-length, >= 0 (0: all equal).
+          vocab_size: Token ids are < vocab_size.
+          seed: Non-negative integer seed.
+          min_length: Shortest document, >= 1.
+          max_length: Longest document (>= min_length), or None for no limit
+            beyond int32.
+          min_token_id: Smallest token id, in [0, vocab_size); the default 2
+            skips the byte tokenizer's pad and eod ids.
+
+        Raises:
+          DataConfigError: If an argument is out of range.
+        """
+        self._num_documents = _check_int(num_documents, "SyntheticSource: num_documents", 1)
+        if (
+            isinstance(mean_length, bool)
+            or not isinstance(mean_length, numbers.Real)
+            or not math.isfinite(mean_length)
+            or mean_length <= 0
+        ):
+            raise DataConfigError(
+                f"SyntheticSource: mean_length={mean_length!r} is invalid; pass a finite "
+                "number > 0."
+            )
+        if (
+            isinstance(sigma, bool)
+            or not isinstance(sigma, numbers.Real)
+            or not math.isfinite(sigma)
+            or sigma < 0
+        ):
+            raise DataConfigError(
+                f"SyntheticSource: sigma={sigma!r} is invalid; pass a finite number >= 0."
+            )
+        vocab = _check_vocab_size(vocab_size, "SyntheticSource: vocab_size")
+        if vocab is None:
+            raise DataConfigError(
+                "SyntheticSource: vocab_size=None is invalid; pass an integer in [1, 2**31]."
+            )
+        self._seed = _check_int(seed, "SyntheticSource: seed", 0)
+        self._min_length = _check_int(min_length, "SyntheticSource: min_length", 1)
+        if max_length is None:
+            self._max_length = _INT32_MAX
+        else:
+            self._max_length = _check_int(
+                max_length, "SyntheticSource: max_length", self._min_length
+            )
+        if (
+            isinstance(min_token_id, bool)
+            or not isinstance(min_token_id, numbers.Integral)
+            or not 0 <= min_token_id < vocab
+        ):
+            raise DataConfigError(
+                f"SyntheticSource: min_token_id={min_token_id!r} is invalid; pass an integer in "
+                f"[0, vocab_size={vocab})."
+            )
+        self._min_token_id = int(min_token_id)
+        self._mean_length = float(mean_length)
+        self._sigma = float(sigma)
+        self._mu = math.log(self._mean_length) - self._sigma**2 / 2
+        self.vocab_size = vocab
+
+    def __len__(self) -> int:
+        return self._num_documents
+
+    def _block(self, block: int) -> np.ndarray:
+        return _synthetic_block(
+            self._seed, block, self._mu, self._sigma, self._min_length, self._max_length
+        )
+
+    def length(self, index: int) -> int:
+        """Returns the length of document `index` without generating its tokens.
+
+        Args:
+          index: Document index in [0, len).
+
+        Returns:
+          The number of tokens of that document.
+        """
+        return int(self._block(index // _LENGTH_BLOCK)[index % _LENGTH_BLOCK])
+
+    def lengths(self) -> np.ndarray:
+        """Returns the lengths of all documents.
+
+        Returns:
+          An int64 array of shape (num_documents,), equal to the per-index
+          lengths of the documents.
+        """
+        num_blocks = -(-self._num_documents // _LENGTH_BLOCK)
+        return np.concatenate([self._block(b) for b in range(num_blocks)])[
+            : self._num_documents
+        ].copy()
+
+    def _read(self, index: int) -> np.ndarray:
+        rng = np.random.default_rng([self._seed, _TOKENS_STREAM, index])
+        return rng.integers(
+            self._min_token_id, self.vocab_size, size=self.length(index), dtype=np.int32
+        )
+
+    def __repr__(self) -> str:
+        max_length = None if self._max_length == _INT32_MAX else self._max_length
+        return (
+            f"SyntheticSource(num_documents={self._num_documents}, "
+            f"mean_length={self._mean_length}, sigma={self._sigma}, "
+            f"vocab_size={self.vocab_size}, seed={self._seed}, min_length={self._min_length}, "
+            f"max_length={max_length}, min_token_id={self._min_token_id})"
+        )
+
+
+# ----------------------------------------------------------------------------
+# Coercion.
+# ----------------------------------------------------------------------------
+
+
+def as_token_source(obj: Any, tokenizer: TokenizerSpec = None) -> Any:
+    """Returns `obj` if it already yields token documents, else an InMemorySource.
+
+    Args:
+      obj: A `TokenSource`; any other random-access source whose elements are
+        dicts with "tokens" (returned unchanged); or data accepted by
+        `InMemorySource` (lists, tuples, arrays).
+      tokenizer: Used only when wrapping str data.
+
+    Returns:
+      A random-access source of `{"tokens": ...}` documents.
+
+    Raises:
+      DataConfigError: If `obj` cannot be wrapped.
+    """
+    if isinstance(obj, TokenSource):
+        return obj
+    if (
+        not isinstance(obj, (list, tuple, np.ndarray, str, bytes))
+        and hasattr(obj, "__len__")
+        and hasattr(obj, "__getitem__")
+        and len(obj) > 0
+    ):
+        first = obj[0]
+        if isinstance(first, Mapping) and "tokens" in first:
+            return obj
+    return InMemorySource(obj, tokenizer=tokenizer)
