@@ -282,11 +282,11 @@ class ArrayRecordSource(TokenSource):
             self._tokenizer: Tokenizer | None = get_tokenizer(tokenizer)
         else:
             self._tokenizer = None
-        vocab = _check_vocab_size(vocab_size)
+        vocab = _check_vocab_size(vocab_size, "ArrayRecordSource: vocab_size")
         if vocab is None and self._tokenizer is not None:
             vocab = int(self._tokenizer.vocab_size)
         self.vocab_size = vocab
-        self._files = _expand_files(pattern)
+        self._files = _expand_files(pattern, "ArrayRecordSource: pattern")
         self._sources: list[Any] = []
         lengths: list[int] = []
         for path in self._files:
@@ -363,8 +363,9 @@ class ArrayRecordSource(TokenSource):
         if self._record_format == "tokens":
             if len(raw) % 4:
                 raise DataReadError(
-                    f"{where}: has {len(raw)} bytes, not a multiple of 4, so it is neither valid "
-                    "int32 token bytes; if the records hold text use record_format='text'."
+                    f"{where}: has {len(raw)} bytes, not a multiple of 4, so it is not valid int32 "
+                    "token bytes (record_format='tokens'); if the records hold UTF-8 text use "
+                    "record_format='text'."
                 )
             values = np.frombuffer(raw, dtype="<i4")
         else:
@@ -498,7 +499,7 @@ class TextFileSource(TokenSource):
         self._unit = unit
         self._tokenizer = get_tokenizer(tokenizer)
         self.vocab_size = int(self._tokenizer.vocab_size)
-        self._files = _expand_files(pattern)
+        self._files = _expand_files(pattern, "TextFileSource: pattern")
         self._fields: list[str | None] = [
             jsonl_field if jsonl_field is not None else ("text" if f.endswith(".jsonl") else None)
             for f in self._files
@@ -608,7 +609,8 @@ class TextFileSource(TokenSource):
 
     def __del__(self) -> None:
         if getattr(self, "_fds", None):
-            self.close()
+            with contextlib.suppress(Exception):  # Interpreter shutdown may have torn down os.
+                self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         """Drops the open file descriptors and lock; they are per process."""
@@ -713,7 +715,7 @@ class InMemorySource(TokenSource):
             raise DataConfigError("InMemorySource: data is empty; pass at least one document.")
         self._data = data
         self._tokenizer: Tokenizer | None = None if tokenizer is None else get_tokenizer(tokenizer)
-        vocab = _check_vocab_size(vocab_size)
+        vocab = _check_vocab_size(vocab_size, "InMemorySource: vocab_size")
         if vocab is None and self._tokenizer is not None:
             vocab = int(self._tokenizer.vocab_size)
         self.vocab_size = vocab
