@@ -14,7 +14,8 @@ def unique_token_docs(num_docs: int, seed: int, max_len: int) -> list[dict]:
     lengths = rng.integers(1, max_len, size=num_docs)
     starts = 10 + np.concatenate([[0], np.cumsum(lengths)[:-1]])
     return [
-        {"tokens": np.arange(s, s + n, dtype=np.int32)} for s, n in zip(starts, lengths, strict=True)
+        {"tokens": np.arange(s, s + n, dtype=np.int32)}
+        for s, n in zip(starts, lengths, strict=True)
     ]
 
 

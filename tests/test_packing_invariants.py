@@ -59,7 +59,9 @@ def test_no_token_lost_or_duplicated(lengths, max_len, packing, shift_mode):
         # A document's first token is never a target; its EOD is (an empty
         # document has nothing to predict).
         want_inputs = tokens
-        want_targets = [t for d in docs if len(d["tokens"]) for t in d["tokens"].tolist()[1:] + [EOD]]
+        want_targets = [
+            t for d in docs if len(d["tokens"]) for t in d["tokens"].tolist()[1:] + [EOD]
+        ]
     elif shift_mode == "right":
         want_inputs, want_targets = tokens + [EOD] * n, tokens + [EOD] * n
     else:
@@ -104,9 +106,7 @@ def test_rows_are_consistent(lengths, max_len, packing, shift_target):
             np.testing.assert_array_equal(inputs[1:], targets[:-1])
 
 
-@given(
-    n=st.integers(0, 100), max_len=st.integers(2, 16), shift_mode=st.sampled_from([0, 1, 2])
-)
+@given(n=st.integers(0, 100), max_len=st.integers(2, 16), shift_mode=st.sampled_from([0, 1, 2]))
 def test_document_split_never_truncates(n, max_len, shift_mode):
     tokens = np.arange(10, 10 + n, dtype=np.int32)
     shift, shift_target = shift_mode != 2, shift_mode != 1

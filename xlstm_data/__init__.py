@@ -1,5 +1,6 @@
 """xlstm-data: multi-host, checkpointable grain data pipelines for JAX training loops."""
 
+from xlstm_data import sources, tokenizers
 from xlstm_data.batch import LLMBatch
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.grain_iterator import (
@@ -26,4 +27,6 @@ __all__ = [
     "make_grain_llm_iterator",
     "make_grain_multihost_iterator",
     "shard_grain_dataset",
+    "sources",
+    "tokenizers",
 ]

@@ -16,6 +16,7 @@ instead stops at the first host's end, dropping the rest explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -182,10 +183,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._close_local()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown
             self._stop_prefetch()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def reset(self) -> None:
         """Restarts from the beginning of the data."""
@@ -269,8 +268,12 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             if np.all(ends):
                 self._total_steps = self._known_until
         logging.log_every_n(
-            logging.INFO, "end-of-data agreement at step %d: counts=%s ended=%s", 100,
-            self.step_counter, counts.tolist(), ends.tolist(),
+            logging.INFO,
+            "end-of-data agreement at step %d: counts=%s ended=%s",
+            100,
+            self.step_counter,
+            counts.tolist(),
+            ends.tolist(),
         )
 
     def _padding_item(self) -> _Prefetched:
@@ -304,7 +307,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
 
     @staticmethod
     def _spec_of(arrays: Mapping[str, jax.Array]) -> dict[str, clu.data.ArraySpec]:
-        return {k: clu.data.ArraySpec(dtype=v.dtype, shape=tuple(v.shape)) for k, v in arrays.items()}
+        return {
+            k: clu.data.ArraySpec(dtype=v.dtype, shape=tuple(v.shape)) for k, v in arrays.items()
+        }
 
     @property
     def element_spec(self) -> Any:

@@ -97,9 +97,11 @@ class BackgroundPrefetcher(Generic[T]):
         """
         with self._cond:
             self._cond.wait_for(
-                lambda: self._ended
-                or len(self._buffer) >= self._depth
-                or any(isinstance(i, _Failure) for i in self._buffer)
+                lambda: (
+                    self._ended
+                    or len(self._buffer) >= self._depth
+                    or any(isinstance(i, _Failure) for i in self._buffer)
+                )
             )
             failed = any(isinstance(i, _Failure) for i in self._buffer)
             return len(self._buffer), self._ended or failed

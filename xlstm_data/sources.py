@@ -929,8 +929,8 @@ def as_token_source(obj: Any, tokenizer: TokenizerSpec = None) -> Any:
     """Returns `obj` if it already yields token documents, else an InMemorySource.
 
     Args:
-      obj: A `TokenSource`; any other random-access source whose elements are
-        dicts with "tokens" (returned unchanged); or data accepted by
+      obj: A `TokenSource`; any other random-access source (returned
+        unchanged, expected to yield dicts with "tokens"); or data accepted by
         `InMemorySource` (lists, tuples, arrays).
       tokenizer: Used only when wrapping str data.
 
@@ -946,9 +946,8 @@ def as_token_source(obj: Any, tokenizer: TokenizerSpec = None) -> Any:
         not isinstance(obj, (list, tuple, np.ndarray, str, bytes))
         and hasattr(obj, "__len__")
         and hasattr(obj, "__getitem__")
-        and len(obj) > 0
     ):
-        first = obj[0]
-        if isinstance(first, Mapping) and "tokens" in first:
-            return obj
+        # A custom random-access source is not read here; the pipeline checks
+        # each document's format when it reads it.
+        return obj
     return InMemorySource(obj, tokenizer=tokenizer)

@@ -1,0 +1,92 @@
+"""Restoring the iterator state at every step continues with identical batches."""
+
+from __future__ import annotations
+
+import grain
+import numpy as np
+import pytest
+
+import xlstm_data as xd
+from tests.helpers import assert_batches_equal, to_numpy, unique_token_docs
+
+
+def _iterator(mesh, packing: bool, worker_count: int, num_epochs=None):
+    lengths = np.random.default_rng(1).integers(0, 40, size=60)
+    return xd.make_grain_llm_iterator(
+        None,
+        None,
+        mesh,
+        unique_token_docs(lengths),
+        global_batch_size=4,
+        max_target_length=16,
+        shuffle=True,
+        data_shuffle_seed=5,
+        num_epochs=num_epochs,
+        grain_packing=packing,
+        worker_count=worker_count,
+        drop_remainder=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "packing,worker_count",
+    [(False, 0), (True, 0), (False, 2), (True, 2)],
+    ids=["padded", "packed", "padded-workers", "packed-workers"],
+)
+def test_restore_at_every_step(packing, worker_count):
+    mesh = xd.create_mesh()
+    num_steps = 6 if worker_count else 12
+    reference = _iterator(mesh, packing, worker_count)
+    states, batches = [reference.get_state()], []
+    for _ in range(num_steps):
+        batches.append(to_numpy(next(reference)))
+        states.append(reference.get_state())
+    reference.close()
+    restored = _iterator(mesh, packing, worker_count)
+    for step in range(num_steps):
+        restored.set_state(states[step])
+        assert restored.get_state()["step"] == step
+        for later in range(step, min(step + 2, num_steps)):
+            assert_batches_equal(next(restored), batches[later])
+    restored.close()
+
+
+def test_restore_after_the_end_of_a_finite_epoch_stays_at_the_end():
+    mesh = xd.create_mesh()
+    iterator = _iterator(mesh, packing=True, worker_count=0, num_epochs=1)
+    batches = [to_numpy(b) for b in iterator]
+    state = iterator.get_state()
+    assert state["step"] == len(batches)
+    fresh = _iterator(mesh, packing=True, worker_count=0, num_epochs=1)
+    fresh.set_state(state)
+    assert list(fresh) == []
+
+
+def test_grain_pipeline_checkpoints_at_every_element():
+    docs = unique_token_docs(np.random.default_rng(2).integers(1, 30, size=10))
+    for packing in (False, True):
+        rows = xd.make_grain_llm_dataset(
+            0,
+            1,
+            docs,
+            4,
+            12,
+            True,
+            3,
+            num_epochs=2,
+            grain_packing=packing,
+            grain_packing_bin_count=2,
+        )
+        grain.experimental.assert_equal_output_after_checkpoint(rows)
+
+
+def test_state_is_json_and_records_the_step():
+    import json
+
+    mesh = xd.create_mesh()
+    iterator = _iterator(mesh, packing=True, worker_count=0)
+    next(iterator)
+    next(iterator)
+    state = json.loads(json.dumps(iterator.get_state()))
+    assert state["step"] == 2 and state["format_version"] == 1
+    assert state["process_count"] == 1 and state["data_host_count"] == 1
