@@ -24,8 +24,10 @@ from xlstm_data.chunking import DocumentChunkIterDataset
 from xlstm_data.errors import DataConfigError
 from xlstm_data.host_layout import DataHostLayout, data_host_layout
 from xlstm_data.host_sharding import shard_bounds, shard_grain_dataset
+from xlstm_data.mixing import component_names, mix_components, normalize_weights
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
 from xlstm_data.packing import pack_examples, pad_examples
+from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.sources import as_token_source
 
 __all__ = [
@@ -172,8 +174,9 @@ def make_grain_multihost_iterator(
     """Batches host pipelines and wraps them in a `MultiHostDataLoadIterator`.
 
     Args:
-      grain_datasets: One pipeline from `make_grain_llm_dataset` (a list of
-        one is accepted too).
+      grain_datasets: Row pipelines from `make_grain_llm_dataset`: one, a
+        list, or a mapping by name (names are kept in the checkpoint, so a
+        restore may change the weights).
       dataset_lengths: Documents per epoch, reported as `dataset_size`. The
         number of batches is not derived from it: chunking and packing change
         it, so the iterator runs until the data ends (hosts agree on the end).
@@ -181,7 +184,9 @@ def make_grain_multihost_iterator(
       global_batch_size: Global batch size; must divide over the mesh's
         data-parallel size.
       dataloading_host_count: Checked against the mesh if given.
-      dataset_weights: Mixture weights (not implemented yet).
+      dataset_weights: Mixture weights, a sequence in dataset order or a
+        mapping by name; normalised, 0 drops a dataset, None is equal weights.
+        Mixed datasets must repeat forever (`num_epochs=None`).
       worker_count: grain worker processes (0: none).
       worker_buffer_size: Elements buffered per worker (or thread prefetch).
       drop_remainder: Drop the last partial batch (and, on several hosts, stop
@@ -189,22 +194,43 @@ def make_grain_multihost_iterator(
       batch_class: Class of the yielded batches.
       reset_after_epoch: Restart from the beginning after the data ends.
       use_thread_prefetch: Prefetch batches in a thread instead of workers.
-      batch_rampup_factors: Batch-size ramp-up (not implemented yet).
+      batch_rampup_factors: Batch-size ramp-up: `{step: factor}` (int or str
+        keys) or `[[step, factor], ...]`; the factor of the largest boundary
+        <= step scales `global_batch_size` (not cumulative). Every stage is
+        checked against the mesh before any data is read. The batch shape
+        changes only at stage boundaries, so a jitted step compiles once per
+        stage.
       prefetch: Global batches prepared ahead on the devices.
 
     Returns:
       The multi-host iterator.
     """
-    if batch_rampup_factors:
-        raise NotImplementedError("batch_rampup_factors is not supported yet")
-    datasets = [grain_datasets] if isinstance(grain_datasets, grain.IterDataset) else grain_datasets
-    if dataset_weights is not None or len(datasets) != 1:
-        raise NotImplementedError("mixing several datasets (dataset_weights) is not supported yet")
+    if isinstance(grain_datasets, grain.IterDataset):
+        grain_datasets = [grain_datasets]
+    if isinstance(grain_datasets, Mapping):
+        components = dict(grain_datasets)
+    else:
+        components = dict(zip(component_names(len(grain_datasets)), grain_datasets, strict=True))
+    if not components:
+        raise DataConfigError("grain_datasets is empty; give at least one dataset")
+    weights = normalize_weights(list(components), dataset_weights)
     _check_int("worker_count", worker_count, 0)
     _check_int("worker_buffer_size", worker_buffer_size, 1)
     layout = _host_layout_matching(global_mesh, None, dataloading_host_count)
-    host_batch_size = layout.host_batch_size(global_batch_size)
-    rows = datasets[0]
+    layout.host_batch_size(global_batch_size)
+    rampup = (
+        batch_rampup_factors
+        if isinstance(batch_rampup_factors, RampupSchedule)
+        else parse_rampup(batch_rampup_factors, key="batch_rampup_factors")
+    )
+    schedule = BatchSizeSchedule(
+        global_batch_size,
+        rampup,
+        data_parallel_size=layout.data_parallel_size,
+        host_count=layout.host_count,
+        key="batch_rampup_factors",
+    )
+    rows = mix_components(components, weights)
     if use_thread_prefetch:
         if worker_count:
             logging.info("use_thread_prefetch=True: ignoring worker_count=%d", worker_count)
@@ -214,7 +240,7 @@ def make_grain_multihost_iterator(
                 num_workers=worker_count, per_worker_buffer_size=worker_buffer_size
             )
         )
-    batches = ScheduledBatchIterDataset(rows, host_batch_size, drop_remainder=drop_remainder)
+    batches = ScheduledBatchIterDataset(rows, schedule, drop_remainder=drop_remainder)
     if use_thread_prefetch:
         batches = grain.experimental.ThreadPrefetchIterDataset(
             batches, prefetch_buffer_size=worker_buffer_size
@@ -231,6 +257,7 @@ def make_grain_multihost_iterator(
         batch_class=batch_class,
         drop_remainder=drop_remainder,
         prefetch=prefetch,
+        batch_schedule=schedule,
     )
 
 

@@ -87,6 +87,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
       prefetch: Global batches prepared ahead in a background thread.
       sync_end: Whether hosts agree on the end of the stream; None decides
         from the dataloader (finite grain pipelines on more than one host).
+      batch_schedule: The `BatchSizeSchedule` the dataloader batches with,
+        if any; enables `batch_size_at` and `examples_seen`.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         drop_remainder: bool = False,
         prefetch: int = 2,
         sync_end: bool | None = None,
+        batch_schedule: Any = None,
     ):
         if iterator_length is not None and iterator_length < 1:
             raise DataConfigError(f"iterator_length={iterator_length} must be >= 1 or None")
@@ -118,6 +121,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self.batch_class = batch_class
         self.drop_remainder = drop_remainder
         self.prefetch = prefetch
+        self.batch_schedule = batch_schedule
         self.layout = data_host_layout(global_mesh)
         self.sharding = data_sharding(global_mesh)
         if sync_end is None:
@@ -283,8 +287,15 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
                 "no batch at all; its dataset shard is empty or smaller than one host batch with "
                 "drop_remainder=True"
             )
+        rows = None
+        if self.batch_schedule is not None:
+            rows = self.batch_schedule.host_batch_size_at(self.step_counter)
         host = {
-            k: np.full_like(v, self.pad_value if k in _TOKEN_FIELDS else 0)
+            k: np.full(
+                ((rows or v.shape[0]),) + v.shape[1:],
+                self.pad_value if k in _TOKEN_FIELDS else 0,
+                dtype=v.dtype,
+            )
             for k, v in self._padding_template.items()
         }
         return _Prefetched(host, None, self._state_of_last)
@@ -326,6 +337,25 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
                 for k, v in host.items()
             }
         return self._wrap(self._element_spec)
+
+    # Schedule ----------------------------------------------------------------
+
+    def _require_schedule(self) -> Any:
+        if self.batch_schedule is None:
+            raise ValueError(
+                "this iterator was built without a batch_schedule; build it with "
+                "make_grain_multihost_iterator or pass batch_schedule="
+            )
+        return self.batch_schedule
+
+    def batch_size_at(self, step: int) -> int:
+        """Global batch size of the batch handed out at `step`."""
+        return self._require_schedule().global_batch_size_at(step)
+
+    def examples_seen(self, step: int | None = None) -> int:
+        """Global examples (rows) handed out before `step` (default: now)."""
+        step = self.step_counter if step is None else step
+        return self._require_schedule().examples_seen(step)
 
     # State -------------------------------------------------------------------
 

@@ -1,0 +1,287 @@
+"""The data section of a run's `ml_collections` config, validated and frozen.
+
+A config file declares datasets, mixture weights, the batch-size ramp-up and
+the mesh as plain values that survive `ConfigDict.to_json()` and
+`--config.data.<key>=...` overrides. `validate_data_config` turns that into a
+frozen `DataConfig` and rejects every bad value, naming its key, before any
+data is read. Checks that need the mesh (batch divisibility of each ramp-up
+stage) run in `iterators_from_config`, still before reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from xlstm_data.errors import DataConfigError
+from xlstm_data.mixing import normalize_weights
+from xlstm_data.rampup import RampupSchedule, parse_rampup
+
+#: Options of each source kind: name -> (required, default).
+SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
+    "array_record": {
+        "path": (True, None),
+        "record_format": (False, "tokens"),
+        "tokenizer": (False, "byte"),
+        "vocab_size": (False, None),
+    },
+    "text": {"path": (True, None), "unit": (False, "line"), "tokenizer": (False, "byte")},
+    "jsonl": {"path": (True, None), "field": (False, "text"), "tokenizer": (False, "byte")},
+    "synthetic": {
+        "num_documents": (True, None),
+        "mean_length": (False, 256.0),
+        "sigma": (False, 1.0),
+        "vocab_size": (False, 258),
+        "seed": (False, 0),
+        "min_length": (False, 1),
+        "max_length": (False, None),
+    },
+    "python_stdlib": {
+        "part": (True, None),
+        "max_files": (False, None),
+        "tokenizer": (False, "byte"),
+    },
+}
+
+#: Keys of the data section and their defaults (None: unset).
+DATA_DEFAULTS: dict[str, Any] = {
+    "train": None,
+    "eval": None,
+    "global_batch_size": None,
+    "eval_global_batch_size": None,
+    "max_target_length": None,
+    "packing": True,
+    "packing_bin_count": None,
+    "shift": True,
+    "shift_target": True,
+    "eod_token_id": 1,
+    "shuffle": True,
+    "data_shuffle_seed": 0,
+    "num_epochs": None,
+    "worker_count": 0,
+    "worker_buffer_size": 1,
+    "drop_remainder": True,
+    "rampup": None,
+    "prefetch": 2,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    """One named dataset: its kind, options and mixture weight."""
+
+    name: str
+    kind: str
+    weight: float
+    options: tuple[tuple[str, Any], ...]
+
+    def option(self, key: str) -> Any:
+        return dict(self.options)[key]
+
+    def build(self) -> Any:
+        """Creates the document source (this may read file indexes)."""
+        from xlstm_data import sources, stdlib_corpus
+
+        o = dict(self.options)
+        if self.kind == "array_record":
+            return sources.ArrayRecordSource(
+                o["path"], o["record_format"], tokenizer=o["tokenizer"], vocab_size=o["vocab_size"]
+            )
+        if self.kind == "text":
+            return sources.TextFileSource(o["path"], tokenizer=o["tokenizer"], unit=o["unit"])
+        if self.kind == "jsonl":
+            return sources.TextFileSource(
+                o["path"], tokenizer=o["tokenizer"], unit="line", jsonl_field=o["field"]
+            )
+        if self.kind == "synthetic":
+            return sources.SyntheticSource(**o)
+        return stdlib_corpus.stdlib_source(o["part"], o["tokenizer"], o["max_files"])
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The validated data section (see `DATA_DEFAULTS` for the keys)."""
+
+    train: tuple[SourceConfig, ...]
+    eval: tuple[SourceConfig, ...]
+    global_batch_size: int
+    eval_global_batch_size: int
+    max_target_length: int
+    packing: bool
+    packing_bin_count: int | None
+    shift: bool
+    shift_target: bool
+    eod_token_id: int
+    shuffle: bool
+    data_shuffle_seed: int
+    num_epochs: int | None
+    worker_count: int
+    worker_buffer_size: int
+    drop_remainder: bool
+    rampup: RampupSchedule
+    prefetch: int
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Normalised mixture weights of the train datasets with weight > 0."""
+        return normalize_weights(
+            [s.name for s in self.train], {s.name: s.weight for s in self.train}
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """A JSON-able view (used for fingerprints and `inspect`)."""
+        out = dataclasses.asdict(self)
+        out["rampup"] = self.rampup.to_pairs()
+        for split in ("train", "eval"):
+            out[split] = {
+                s.name: {"kind": s.kind, "weight": s.weight, **dict(s.options)}
+                for s in getattr(self, split)
+            }
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ml_collections.ConfigDict | ml_collections.FrozenConfigDict):
+        return value.to_dict()
+    return value
+
+
+def _int(key: str, value: Any, minimum: int, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        hint = f"an integer >= {minimum}" + (" or None" if optional else "")
+        raise DataConfigError(f"{key}={value!r} is invalid; expected {hint}")
+    return int(value)
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise DataConfigError(f"{key}={value!r} is invalid; expected True or False")
+    return value
+
+
+def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig:
+    key = f"data.{split}.{name}"
+    spec = _plain(spec)
+    if not isinstance(spec, Mapping):
+        raise DataConfigError(f"{key} must be a dict with a 'kind', got {spec!r}")
+    kind = spec.get("kind")
+    if kind not in SOURCE_KINDS:
+        raise DataConfigError(
+            f"{key}.kind={kind!r} is not a known source kind; valid kinds: {sorted(SOURCE_KINDS)}"
+        )
+    allowed = SOURCE_KINDS[kind]
+    extra = set(spec) - set(allowed) - {"kind", "weight"}
+    if extra:
+        raise DataConfigError(
+            f"{key} has unknown keys {sorted(extra)} for kind {kind!r}; valid keys: "
+            f"{sorted(allowed) + ['kind'] + (['weight'] if with_weight else [])}"
+        )
+    options = {}
+    for option, (required, default) in allowed.items():
+        value = spec.get(option, default)
+        if required and value is None:
+            raise DataConfigError(f"{key}.{option} is missing; kind {kind!r} requires it")
+        options[option] = value
+    if "path" in options:
+        paths = options["path"] if isinstance(options["path"], list | tuple) else [options["path"]]
+        for path in paths:
+            if not glob.glob(str(path)):
+                raise DataConfigError(f"{key}.path={path!r} matches no file")
+    weight = spec.get("weight", 1.0)
+    if with_weight:
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, numbers.Real)
+            or not math.isfinite(weight)
+            or weight < 0
+        ):
+            raise DataConfigError(
+                f"{key}.weight={weight!r} is invalid; expected a finite number >= 0"
+            )
+    elif "weight" in spec:
+        raise DataConfigError(f"{key}.weight is set but eval datasets are not mixed; remove it")
+    return SourceConfig(name, kind, float(weight), tuple(sorted(options.items())))
+
+
+def _sources(split: str, value: Any, with_weight: bool) -> tuple[SourceConfig, ...]:
+    value = _plain(value) or {}
+    if not isinstance(value, Mapping):
+        raise DataConfigError(f"data.{split} must map dataset names to dicts, got {value!r}")
+    return tuple(_source(split, name, spec, with_weight) for name, spec in value.items())
+
+
+def validate_data_config(config: Any) -> DataConfig:
+    """Validates the data section of a config (or a whole config with `.data`).
+
+    Args:
+      config: A `ConfigDict`/dict of the data section, or a config holding it
+        under `data`.
+
+    Returns:
+      The frozen, typed `DataConfig`.
+    """
+    if isinstance(config, DataConfig):
+        return config
+    data = _plain(config)
+    if isinstance(data, Mapping) and "data" in data and "train" not in data:
+        data = _plain(data["data"])
+    if not isinstance(data, Mapping):
+        raise DataConfigError(f"the data config must be a dict or ConfigDict, got {type(data)}")
+    unknown = set(data) - set(DATA_DEFAULTS)
+    if unknown:
+        raise DataConfigError(
+            f"data has unknown keys {sorted(unknown)}; valid keys: {sorted(DATA_DEFAULTS)}"
+        )
+    d = {**DATA_DEFAULTS, **data}
+    train = _sources("train", d["train"], with_weight=True)
+    if not train:
+        raise DataConfigError("data.train declares no dataset; add at least one")
+    evals = _sources("eval", d["eval"], with_weight=False)
+    collisions = sorted({s.name for s in train} & {s.name for s in evals})
+    if collisions:
+        raise DataConfigError(
+            f"data.eval names {collisions} collide with data.train names; give eval datasets "
+            "distinct names"
+        )
+    normalize_weights(
+        [s.name for s in train], {s.name: s.weight for s in train}, key="data.train.*.weight"
+    )
+    global_batch_size = _int("data.global_batch_size", d["global_batch_size"], 1)
+    num_epochs = _int("data.num_epochs", d["num_epochs"], 1, optional=True)
+    if num_epochs is not None and sum(s.weight > 0 for s in train) > 1:
+        raise DataConfigError(
+            f"data.num_epochs={num_epochs} cannot bound a mixture of {len(train)} datasets "
+            "(the mix would stop at the first dataset's end and skip the rest); set "
+            "data.num_epochs=None and bound the run by train steps"
+        )
+    return DataConfig(
+        train=train,
+        eval=evals,
+        global_batch_size=global_batch_size,
+        eval_global_batch_size=_int(
+            "data.eval_global_batch_size", d["eval_global_batch_size"], 1, optional=True
+        )
+        or global_batch_size,
+        max_target_length=_int("data.max_target_length", d["max_target_length"], 2),
+        packing=_bool("data.packing", d["packing"]),
+        packing_bin_count=_int("data.packing_bin_count", d["packing_bin_count"], 1, True),
+        shift=_bool("data.shift", d["shift"]),
+        shift_target=_bool("data.shift_target", d["shift_target"]),
+        eod_token_id=_int("data.eod_token_id", d["eod_token_id"], 0),
+        shuffle=_bool("data.shuffle", d["shuffle"]),
+        data_shuffle_seed=_int("data.data_shuffle_seed", d["data_shuffle_seed"], 0),
+        num_epochs=num_epochs,
+        worker_count=_int("data.worker_count", d["worker_count"], 0),
+        worker_buffer_size=_int("data.worker_buffer_size", d["worker_buffer_size"], 1),
+        drop_remainder=_bool("data.drop_remainder", d["drop_remainder"]),
+        rampup=parse_rampup(_plain(d["rampup"]), key="data.rampup"),
+        prefetch=_int("data.prefetch", d["prefetch"], 1),
+    )
