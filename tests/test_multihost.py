@@ -79,3 +79,12 @@ def test_drop_remainder_stops_all_hosts_at_the_first_end(tmp_path):
         for step in result["steps"]:
             for row in step["segmentation"].values():
                 assert any(row), "drop_remainder must not yield padding rows"
+
+
+def test_rampup_restore_inside_and_across_stages_on_two_processes(tmp_path):
+    params = {"restore_steps": [1, 3, 4, 6, 7]}
+    results = run_processes("rampup_resume", 2, tmp_path, params)
+    expected = [[8, 32]] * 3 + [[12, 32]] * 3 + [[16, 32]] * 3
+    for result in results:
+        assert result["shapes"] == expected
+        assert result["mismatches"] == []
