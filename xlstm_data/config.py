@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import ml_collections
 
 from xlstm_data.errors import DataConfigError
-from xlstm_data.mixing import normalize_weights
+from xlstm_data.mixing import check_weight, normalize_weights
 from xlstm_data.rampup import RampupSchedule, parse_rampup
 
 #: Options of each source kind: name -> (required, default).
@@ -197,15 +196,7 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
                 raise DataConfigError(f"{key}.path={path!r} matches no file")
     weight = spec.get("weight", 1.0)
     if with_weight:
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, numbers.Real)
-            or not math.isfinite(weight)
-            or weight < 0
-        ):
-            raise DataConfigError(
-                f"{key}.weight={weight!r} is invalid; expected a finite number >= 0"
-            )
+        check_weight(f"{key}.weight={weight!r}", weight)
     elif "weight" in spec:
         raise DataConfigError(f"{key}.weight is set but eval datasets are not mixed; remove it")
     return SourceConfig(name, kind, float(weight), tuple(sorted(options.items())))

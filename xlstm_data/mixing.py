@@ -26,6 +26,23 @@ def component_names(count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
+def check_weight(what: str, weight: object) -> float:
+    """Returns `weight` as a float if it is a finite number >= 0, else raises.
+
+    Args:
+      what: How the error names the value, e.g. `"data.train.web.weight=-1"`.
+      weight: The value to check.
+    """
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, numbers.Real)
+        or not math.isfinite(weight)
+        or weight < 0
+    ):
+        raise DataConfigError(f"{what} is invalid; weights must be finite numbers >= 0")
+    return float(weight)
+
+
 def normalize_weights(
     names: Sequence[str],
     weights: Sequence[float] | Mapping[str, float] | None,
@@ -60,16 +77,7 @@ def normalize_weights(
             )
         raw = dict(zip(names, weights, strict=True))
     for name, weight in raw.items():
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, numbers.Real)
-            or not math.isfinite(weight)
-            or weight < 0
-        ):
-            raise DataConfigError(
-                f"{key}: weight {weight!r} of dataset {name!r} is invalid; weights must be "
-                "finite numbers >= 0"
-            )
+        check_weight(f"{key}: weight {weight!r} of dataset {name!r}", weight)
     total = float(sum(raw.values()))
     if total <= 0:
         raise DataConfigError(
