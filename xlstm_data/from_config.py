@@ -12,6 +12,7 @@ from typing import Any
 from jax.sharding import Mesh
 
 from xlstm_data.config import DataConfig, validate_data_config
+from xlstm_data.epoch_length import epoch_length
 from xlstm_data.grain_iterator import (
     make_grain_llm_dataset,
     make_grain_llm_iterator,
@@ -19,7 +20,7 @@ from xlstm_data.grain_iterator import (
 )
 from xlstm_data.host_layout import data_host_layout
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
-from xlstm_data.rampup import BatchSizeSchedule
+from xlstm_data.rampup import BatchSizeSchedule, parse_rampup
 
 
 def iterators_from_config(
@@ -53,9 +54,10 @@ def iterators_from_config(
     if cfg.eval:
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     mixed = [s for s in cfg.train if s.weight > 0]
-    components, lengths = {}, []
+    components, lengths, sources = {}, [], []
     for index, spec in enumerate(mixed):
         source = spec.build()
+        sources.append(source)
         lengths.append(len(source))
         components[spec.name] = make_grain_llm_dataset(
             layout.host_index,
@@ -85,12 +87,17 @@ def iterators_from_config(
         batch_rampup_factors=cfg.rampup,
         prefetch=cfg.prefetch,
     )
+    if cfg.num_epochs is not None and len(mixed) == 1:
+        _set_epoch_length(
+            train, sources[0], cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder
+        )
+    eval_sources = {spec.name: spec.build() for spec in cfg.eval}
     evals = {
         spec.name: make_grain_llm_iterator(
             None,
             None,
             mesh,
-            spec.build(),
+            eval_sources[spec.name],
             cfg.eval_global_batch_size,
             cfg.max_target_length,
             shuffle=False,
@@ -108,4 +115,43 @@ def iterators_from_config(
         )
         for spec in cfg.eval
     }
+    for name, iterator in evals.items():
+        schedule = BatchSizeSchedule(
+            cfg.eval_global_batch_size,
+            parse_rampup(None),
+            data_parallel_size=layout.data_parallel_size,
+            host_count=layout.host_count,
+        )
+        _set_epoch_length(iterator, eval_sources[name], cfg, 1, schedule, drop_remainder=False)
     return train, evals
+
+
+def _set_epoch_length(
+    iterator: MultiHostDataLoadIterator,
+    source: Any,
+    cfg: DataConfig,
+    num_epochs: int,
+    schedule: BatchSizeSchedule,
+    drop_remainder: bool,
+) -> None:
+    """Records the run's length; sets `iterator_length` only when it is exact.
+
+    Needs the document lengths without reading the documents, which sources
+    with a `lengths()` method (synthetic, prepared shards) provide; otherwise
+    the length stays unknown and the iterator runs to the data's real end.
+    """
+    if not hasattr(source, "lengths"):
+        return
+    length = epoch_length(
+        source.lengths(),
+        num_epochs,
+        cfg.max_target_length,
+        schedule,
+        packing=cfg.packing,
+        shift=cfg.shift,
+        shift_target=cfg.shift_target,
+        drop_remainder=drop_remainder,
+    )
+    iterator.epoch_length = length
+    if length.exact:
+        iterator.iterator_length = length.steps

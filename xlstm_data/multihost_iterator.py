@@ -122,6 +122,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self.drop_remainder = drop_remainder
         self.prefetch = prefetch
         self.batch_schedule = batch_schedule
+        #: Length of a finite run and whether it is exact (see `epoch_length`).
+        self.epoch_length: Any = None
         self.layout = data_host_layout(global_mesh)
         self.sharding = data_sharding(global_mesh)
         if sync_end is None:
