@@ -10,7 +10,7 @@ import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy, unique_token_docs
 
 
-def _iterator(mesh, packing: bool, worker_count: int, num_epochs=None):
+def _iterator(mesh, packing: bool, worker_count: int, num_epochs=None, thread=False):
     lengths = np.random.default_rng(1).integers(0, 40, size=60)
     return xd.make_grain_llm_iterator(
         None,
@@ -25,24 +25,27 @@ def _iterator(mesh, packing: bool, worker_count: int, num_epochs=None):
         grain_packing=packing,
         worker_count=worker_count,
         drop_remainder=False,
+        use_thread_prefetch=thread,
     )
 
 
 @pytest.mark.parametrize(
     "packing,worker_count",
-    [(False, 0), (True, 0), (False, 2), (True, 2)],
-    ids=["padded", "packed", "padded-workers", "packed-workers"],
+    [(False, 0), (True, 0), (False, 2), (True, 2), (True, -1)],
+    ids=["padded", "packed", "padded-workers", "packed-workers", "packed-thread-prefetch"],
 )
 def test_restore_at_every_step(packing, worker_count):
     mesh = xd.create_mesh()
-    num_steps = 6 if worker_count else 12
-    reference = _iterator(mesh, packing, worker_count)
+    num_steps = 6 if worker_count > 0 else 12
+    thread = worker_count < 0
+    worker_count = max(worker_count, 0)
+    reference = _iterator(mesh, packing, worker_count, thread=thread)
     states, batches = [reference.get_state()], []
     for _ in range(num_steps):
         batches.append(to_numpy(next(reference)))
         states.append(reference.get_state())
     reference.close()
-    restored = _iterator(mesh, packing, worker_count)
+    restored = _iterator(mesh, packing, worker_count, thread=thread)
     for step in range(num_steps):
         restored.set_state(states[step])
         assert restored.get_state()["step"] == step

@@ -41,7 +41,6 @@ from xlstm_data.prefetch import BackgroundPrefetcher
 
 #: Version of the state dict written by `get_state`; bump on format changes.
 STATE_FORMAT_VERSION = 1
-_TOKEN_FIELDS = ("inputs", "targets")
 
 
 def is_infinite_stream(dataset: Any) -> bool:
@@ -295,20 +294,21 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         host = {
             k: np.full(
                 ((rows or v.shape[0]),) + v.shape[1:],
-                self.pad_value if k in _TOKEN_FIELDS else 0,
+                self._fill_value(k),
                 dtype=v.dtype,
             )
             for k, v in self._padding_template.items()
         }
         return _Prefetched(host, None, self._state_of_last)
 
+    def _fill_value(self, key: str) -> int | float:
+        """Padding for a field: 0 for segmentation/positions (so it reads as padding)."""
+        return 0 if key.endswith(("_segmentation", "_position")) else self.pad_value
+
     def _to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         if self.pad_shapes and self.layout.process_count > 1:
             shapes = common_shapes(host)
-            host = {
-                k: pad_to_shape(v, shapes[k], self.pad_value if k in _TOKEN_FIELDS else 0)
-                for k, v in host.items()
-            }
+            host = {k: pad_to_shape(v, shapes[k], self._fill_value(k)) for k, v in host.items()}
         return form_global_batch(host, self.sharding, self.layout.host_count)
 
     def _wrap(self, arrays: dict[str, Any]) -> Any:
