@@ -64,42 +64,29 @@ print(json.dumps(validate_data_config(flags.FLAGS.config.data).to_json_dict()))
 """
 
 
-def test_config_flags_overrides():
+def _run_with_flags(*overrides: str):
     import subprocess
     import sys
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _FLAGS_SCRIPT,
-            f"--config={CONFIGS / 'demo.py'}",
-            "--config.data.global_batch_size=64",
-            "--config.data.num_epochs=2",
-            "--config.data.train.code.weight=0.5",
-            "--config.data.eval_global_batch_size=8",
-        ],
+    return subprocess.run(
+        [sys.executable, "-c", _FLAGS_SCRIPT, f"--config={CONFIGS / 'demo.py'}", *overrides],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert out.returncode != 0 and "data.num_epochs=2 cannot bound a mixture" in out.stderr
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _FLAGS_SCRIPT,
-            f"--config={CONFIGS / 'demo.py'}",
-            "--config.data.global_batch_size=64",
-            "--config.data.train.code.weight=0.5",
-            "--config.data.eval_global_batch_size=8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+
+
+def test_config_flags_overrides():
+    overrides = (
+        "--config.data.global_batch_size=64",
+        "--config.data.train.code.weight=0.5",
+        "--config.data.eval_global_batch_size=8",
     )
+    out = _run_with_flags(*overrides, "--config.data.num_epochs=2")
+    assert out.returncode != 0 and "data.num_epochs=2 cannot bound a mixture" in out.stderr
+    out = _run_with_flags(*overrides)
+    assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data["global_batch_size"] == 64 and data["eval_global_batch_size"] == 8
     assert data["train"]["code"]["weight"] == 0.5

@@ -22,6 +22,18 @@ LLM_BATCH_FIELDS: tuple[str, ...] = (
     "targets_position",
 )
 
+#: Suffixes of the fields that mark padding; they are always padded with 0.
+MASK_FIELD_SUFFIXES: tuple[str, ...] = ("_segmentation", "_position")
+
+
+def padding_value(field: str, pad_value: int | float = 0) -> int | float:
+    """The value a padded slot of `field` gets.
+
+    Segmentation and position fields get 0, so padding reads as padding to a
+    masked loss whatever `pad_value` the token fields use.
+    """
+    return 0 if field.endswith(MASK_FIELD_SUFFIXES) else pad_value
+
 
 @dataclasses.dataclass(frozen=True)
 class LLMBatch:

@@ -15,6 +15,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from xlstm_data.batch import padding_value
+
 BatchSizeFn = Callable[[int], int]
 
 
@@ -38,14 +40,13 @@ def stack_rows(
     """Stacks rows into `[batch_size, length]` arrays, padding with zeros.
 
     Rows shorter than the longest are padded at the end; missing rows (a
-    partial last batch) are all padding. Token fields use `pad_value`; the
-    segmentation and position fields always use 0.
+    partial last batch) are all padding, filled by `batch.padding_value`.
     """
     out = {}
     for key in rows[0]:
         values = [np.asarray(row[key]) for row in rows]
         length = max(v.shape[0] for v in values) if values[0].ndim else 0
-        fill = pad_value if key in ("inputs", "targets") else 0
+        fill = padding_value(key, pad_value)
         shape = (batch_size, length) + values[0].shape[1:] if values[0].ndim else (batch_size,)
         batch = np.full(shape, fill, dtype=values[0].dtype)
         for i, v in enumerate(values):

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 
+from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 from xlstm_data.mixing import check_weight, normalize_weights
 from xlstm_data.rampup import RampupSchedule, parse_rampup
@@ -151,15 +151,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _int(key: str, value: Any, minimum: int, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        hint = f"an integer >= {minimum}" + (" or None" if optional else "")
-        raise DataConfigError(f"{key}={value!r} is invalid; expected {hint}")
-    return int(value)
-
-
 def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise DataConfigError(f"{key}={value!r} is invalid; expected True or False")
@@ -245,8 +236,8 @@ def validate_data_config(config: Any) -> DataConfig:
     normalize_weights(
         [s.name for s in train], {s.name: s.weight for s in train}, key="data.train.*.weight"
     )
-    global_batch_size = _int("data.global_batch_size", d["global_batch_size"], 1)
-    num_epochs = _int("data.num_epochs", d["num_epochs"], 1, optional=True)
+    global_batch_size = check_int("data.global_batch_size", d["global_batch_size"], 1)
+    num_epochs = check_int("data.num_epochs", d["num_epochs"], 1, optional=True)
     if num_epochs is not None and sum(s.weight > 0 for s in train) > 1:
         raise DataConfigError(
             f"data.num_epochs={num_epochs} cannot bound a mixture of {len(train)} datasets "
@@ -257,22 +248,24 @@ def validate_data_config(config: Any) -> DataConfig:
         train=train,
         eval=evals,
         global_batch_size=global_batch_size,
-        eval_global_batch_size=_int(
+        eval_global_batch_size=check_int(
             "data.eval_global_batch_size", d["eval_global_batch_size"], 1, optional=True
         )
         or global_batch_size,
-        max_target_length=_int("data.max_target_length", d["max_target_length"], 2),
+        max_target_length=check_int("data.max_target_length", d["max_target_length"], 2),
         packing=_bool("data.packing", d["packing"]),
-        packing_bin_count=_int("data.packing_bin_count", d["packing_bin_count"], 1, True),
+        packing_bin_count=check_int(
+            "data.packing_bin_count", d["packing_bin_count"], 1, optional=True
+        ),
         shift=_bool("data.shift", d["shift"]),
         shift_target=_bool("data.shift_target", d["shift_target"]),
-        eod_token_id=_int("data.eod_token_id", d["eod_token_id"], 0),
+        eod_token_id=check_int("data.eod_token_id", d["eod_token_id"], 0),
         shuffle=_bool("data.shuffle", d["shuffle"]),
-        data_shuffle_seed=_int("data.data_shuffle_seed", d["data_shuffle_seed"], 0),
+        data_shuffle_seed=check_int("data.data_shuffle_seed", d["data_shuffle_seed"], 0),
         num_epochs=num_epochs,
-        worker_count=_int("data.worker_count", d["worker_count"], 0),
-        worker_buffer_size=_int("data.worker_buffer_size", d["worker_buffer_size"], 1),
+        worker_count=check_int("data.worker_count", d["worker_count"], 0),
+        worker_buffer_size=check_int("data.worker_buffer_size", d["worker_buffer_size"], 1),
         drop_remainder=_bool("data.drop_remainder", d["drop_remainder"]),
         rampup=parse_rampup(_plain(d["rampup"]), key="data.rampup"),
-        prefetch=_int("data.prefetch", d["prefetch"], 1),
+        prefetch=check_int("data.prefetch", d["prefetch"], 1),
     )

@@ -20,7 +20,7 @@ from xlstm_data.grain_iterator import (
 )
 from xlstm_data.host_layout import data_host_layout
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
-from xlstm_data.rampup import BatchSizeSchedule, parse_rampup
+from xlstm_data.rampup import BatchSizeSchedule
 
 
 def iterators_from_config(
@@ -116,13 +116,9 @@ def iterators_from_config(
         for spec in cfg.eval
     }
     for name, iterator in evals.items():
-        schedule = BatchSizeSchedule(
-            cfg.eval_global_batch_size,
-            parse_rampup(None),
-            data_parallel_size=layout.data_parallel_size,
-            host_count=layout.host_count,
+        _set_epoch_length(
+            iterator, eval_sources[name], cfg, 1, iterator.batch_schedule, drop_remainder=False
         )
-        _set_epoch_length(iterator, eval_sources[name], cfg, 1, schedule, drop_remainder=False)
     return train, evals
 
 

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 
 from xlstm_data.batch import LLMBatch
 from xlstm_data.batching import ScheduledBatchIterDataset
+from xlstm_data.checks import check_int
 from xlstm_data.chunking import DocumentChunkIterDataset
 from xlstm_data.errors import DataConfigError
 from xlstm_data.host_layout import DataHostLayout, data_host_layout
@@ -36,12 +37,6 @@ __all__ = [
     "make_grain_multihost_iterator",
     "shard_grain_dataset",
 ]
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise DataConfigError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
-    return value
 
 
 def _as_map_dataset(dataset: Any) -> grain.MapDataset:
@@ -103,20 +98,20 @@ def make_grain_llm_dataset(
     Returns:
       A `grain.IterDataset` of dicts with the six `LLMBatch` fields.
     """
-    host_count = _check_int("dataloading_host_count", dataloading_host_count, 1)
+    host_count = check_int("dataloading_host_count", dataloading_host_count, 1)
     shard_bounds(0, dataloading_host_index, host_count)  # validates the index
-    _check_int("max_target_length", max_target_length, 2)
-    _check_int("global_batch_size", global_batch_size, 1)
-    _check_int("eod_token_id", eod_token_id, 0)
+    check_int("max_target_length", max_target_length, 2)
+    check_int("global_batch_size", global_batch_size, 1)
+    check_int("eod_token_id", eod_token_id, 0)
     if global_batch_size % host_count:
         raise DataConfigError(
             f"global_batch_size={global_batch_size} does not divide over "
             f"dataloading_host_count={host_count} hosts; use a multiple of {host_count}"
         )
     if num_epochs is not None:
-        _check_int("num_epochs", num_epochs, 1)
+        check_int("num_epochs", num_epochs, 1)
     if grain_packing_bin_count is not None:
-        _check_int("grain_packing_bin_count", grain_packing_bin_count, 1)
+        check_int("grain_packing_bin_count", grain_packing_bin_count, 1)
     documents = _as_map_dataset(dataset)
     if len(documents) == 0:
         raise DataConfigError("dataset is empty; it must hold at least one document")
@@ -214,8 +209,8 @@ def make_grain_multihost_iterator(
     if not components:
         raise DataConfigError("grain_datasets is empty; give at least one dataset")
     weights = normalize_weights(list(components), dataset_weights)
-    _check_int("worker_count", worker_count, 0)
-    _check_int("worker_buffer_size", worker_buffer_size, 1)
+    check_int("worker_count", worker_count, 0)
+    check_int("worker_buffer_size", worker_buffer_size, 1)
     layout = _host_layout_matching(global_mesh, None, dataloading_host_count)
     layout.host_batch_size(global_batch_size)
     rampup = (

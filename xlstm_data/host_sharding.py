@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grain
 
+from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 
 
@@ -23,10 +24,7 @@ def shard_bounds(num_elements: int, host_index: int, host_count: int) -> tuple[i
     Returns:
       The contiguous `(start, stop)` range this host reads.
     """
-    if not isinstance(host_count, int) or host_count < 1:
-        raise DataConfigError(
-            f"dataloading_host_count={host_count!r} is invalid; it must be an integer >= 1"
-        )
+    check_int("dataloading_host_count", host_count, 1)
     if not isinstance(host_index, int) or not 0 <= host_index < host_count:
         raise DataConfigError(
             f"dataloading_host_index={host_index!r} is out of range; valid values are "

@@ -32,7 +32,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from xlstm_data.batch import LLM_BATCH_FIELDS
+from xlstm_data.batch import LLM_BATCH_FIELDS, padding_value
 from xlstm_data.errors import DataConfigError
 from xlstm_data.global_arrays import common_shapes, form_global_batch, pad_to_shape
 from xlstm_data.host_layout import data_host_layout
@@ -294,21 +294,20 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         host = {
             k: np.full(
                 ((rows or v.shape[0]),) + v.shape[1:],
-                self._fill_value(k),
+                padding_value(k, self.pad_value),
                 dtype=v.dtype,
             )
             for k, v in self._padding_template.items()
         }
         return _Prefetched(host, None, self._state_of_last)
 
-    def _fill_value(self, key: str) -> int | float:
-        """Padding for a field: 0 for segmentation/positions (so it reads as padding)."""
-        return 0 if key.endswith(("_segmentation", "_position")) else self.pad_value
-
     def _to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         if self.pad_shapes and self.layout.process_count > 1:
             shapes = common_shapes(host)
-            host = {k: pad_to_shape(v, shapes[k], self._fill_value(k)) for k, v in host.items()}
+            host = {
+                k: pad_to_shape(v, shapes[k], padding_value(k, self.pad_value))
+                for k, v in host.items()
+            }
         return form_global_batch(host, self.sharding, self.layout.host_count)
 
     def _wrap(self, arrays: dict[str, Any]) -> Any:

@@ -35,6 +35,7 @@ import grain
 import numpy as np
 from absl import logging
 
+from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.tokenizers import Tokenizer, get_tokenizer
 
@@ -180,13 +181,6 @@ def _check_vocab_size(vocab_size: Any, arg: str = "vocab_size") -> int | None:
             f"{arg}={vocab_size!r} is invalid; pass None or an integer in [1, 2**31]."
         )
     return int(vocab_size)
-
-
-def _check_int(value: Any, arg: str, minimum: int) -> int:
-    """Validates an integer argument that must be >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise DataConfigError(f"{arg}={value!r} is invalid; pass an integer >= {minimum}.")
-    return int(value)
 
 
 def _checked_int32(values: np.ndarray, vocab_size: int | None, where: str) -> np.ndarray:
@@ -825,7 +819,7 @@ class SyntheticSource(TokenSource):
         Raises:
           DataConfigError: If an argument is out of range.
         """
-        self._num_documents = _check_int(num_documents, "SyntheticSource: num_documents", 1)
+        self._num_documents = check_int("SyntheticSource: num_documents", num_documents, 1)
         if (
             isinstance(mean_length, bool)
             or not isinstance(mean_length, numbers.Real)
@@ -850,13 +844,13 @@ class SyntheticSource(TokenSource):
             raise DataConfigError(
                 "SyntheticSource: vocab_size=None is invalid; pass an integer in [1, 2**31]."
             )
-        self._seed = _check_int(seed, "SyntheticSource: seed", 0)
-        self._min_length = _check_int(min_length, "SyntheticSource: min_length", 1)
+        self._seed = check_int("SyntheticSource: seed", seed, 0)
+        self._min_length = check_int("SyntheticSource: min_length", min_length, 1)
         if max_length is None:
             self._max_length = _INT32_MAX
         else:
-            self._max_length = _check_int(
-                max_length, "SyntheticSource: max_length", self._min_length
+            self._max_length = check_int(
+                "SyntheticSource: max_length", max_length, self._min_length
             )
         if (
             isinstance(min_token_id, bool)
