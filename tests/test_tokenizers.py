@@ -15,8 +15,10 @@ from xlstm_data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, get_tok
 
 @pytest.fixture
 def hf() -> Any:
-    """The optional HuggingFace `tokenizers` module; HF tests skip without it."""
-    return pytest.importorskip("tokenizers")
+    """The HuggingFace `tokenizers` module (installed by the `[test]` extra, never skipped)."""
+    import tokenizers
+
+    return tokenizers
 
 
 @pytest.fixture
