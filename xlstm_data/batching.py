@@ -50,7 +50,10 @@ def stack_rows(
         shape = (batch_size, length) + values[0].shape[1:] if values[0].ndim else (batch_size,)
         batch = np.full(shape, fill, dtype=values[0].dtype)
         for i, v in enumerate(values):
-            batch[i, : v.shape[0]] = v
+            if v.ndim:
+                batch[i, : v.shape[0]] = v
+            else:
+                batch[i] = v
         out[key] = batch
     return out
 

@@ -13,3 +13,7 @@ class DataConfigError(ValueError):
 
 class DataReadError(ValueError):
     """A stored record could not be decoded; names the file and record index."""
+
+
+class DataCheckpointError(DataConfigError):
+    """A saved data position cannot be resumed by this run; says why and how to proceed."""

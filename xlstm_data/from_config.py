@@ -87,6 +87,7 @@ def iterators_from_config(
         batch_rampup_factors=cfg.rampup,
         prefetch=cfg.prefetch,
     )
+    train.data_config = cfg
     if cfg.num_epochs is not None and len(mixed) == 1:
         _set_epoch_length(
             train, sources[0], cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder

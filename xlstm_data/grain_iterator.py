@@ -25,7 +25,12 @@ from xlstm_data.chunking import DocumentChunkIterDataset
 from xlstm_data.errors import DataConfigError
 from xlstm_data.host_layout import DataHostLayout, data_host_layout
 from xlstm_data.host_sharding import shard_bounds, shard_grain_dataset
-from xlstm_data.mixing import component_names, mix_components, normalize_weights
+from xlstm_data.mixing import (
+    component_names,
+    kept_component_names,
+    mix_components,
+    normalize_weights,
+)
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
 from xlstm_data.packing import pack_examples, pad_examples
 from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
@@ -253,6 +258,7 @@ def make_grain_multihost_iterator(
         drop_remainder=drop_remainder,
         prefetch=prefetch,
         batch_schedule=schedule,
+        component_names=kept_component_names(components, weights),
     )
 
 

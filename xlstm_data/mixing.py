@@ -14,9 +14,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grain
+import numpy as np
 
+from xlstm_data.data_stats import COMPONENT_ID_FIELD
 from xlstm_data.errors import DataConfigError
 from xlstm_data.multihost_iterator import is_infinite_stream
 
@@ -103,7 +106,7 @@ def mix_components(
     Returns:
       The mixed pipeline (the component itself if only one remains).
     """
-    kept = {name: components[name] for name in components if weights.get(name, 0) > 0}
+    kept = {name: components[name] for name in kept_component_names(components, weights)}
     if not allow_finite:
         finite = [name for name, ds in kept.items() if not is_infinite_stream(ds)]
         if finite and len(kept) > 1:
@@ -114,4 +117,27 @@ def mix_components(
             )
     if len(kept) == 1:
         return next(iter(kept.values()))
-    return grain.IterDataset.mix(kept, weights={name: weights[name] for name in kept})
+    tagged = {name: ds.map(TagComponent(index)) for index, (name, ds) in enumerate(kept.items())}
+    return grain.IterDataset.mix(tagged, weights={name: weights[name] for name in kept})
+
+
+def kept_component_names(
+    components: Mapping[str, Any], weights: Mapping[str, float]
+) -> tuple[str, ...]:
+    """Names of the components `mix_components` keeps, in component-id order."""
+    return tuple(name for name in components if weights.get(name, 0) > 0)
+
+
+class TagComponent:
+    """Marks each row with its component's index, for per-component metrics."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __call__(self, row: Any) -> Any:
+        if not isinstance(row, Mapping):
+            return row
+        return {**row, COMPONENT_ID_FIELD: np.int32(self.index)}
+
+    def __repr__(self) -> str:
+        return f"TagComponent({self.index})"

@@ -20,7 +20,8 @@ import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import clu.data
@@ -33,6 +34,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from xlstm_data.batch import LLM_BATCH_FIELDS, padding_value
+from xlstm_data.data_stats import COMPONENT_ID_FIELD, BatchCounts, DataCounters, count_batch
 from xlstm_data.errors import DataConfigError
 from xlstm_data.global_arrays import common_shapes, form_global_batch, pad_to_shape
 from xlstm_data.host_layout import data_host_layout
@@ -60,6 +62,7 @@ class _Prefetched:
     host: dict[str, np.ndarray]
     device: dict[str, jax.Array] | None
     state: dict[str, Any] | None
+    counts: BatchCounts | None = None
 
 
 class MultiHostDataLoadIterator(clu.data.DatasetIterator):
@@ -88,6 +91,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         from the dataloader (finite grain pipelines on more than one host).
       batch_schedule: The `BatchSizeSchedule` the dataloader batches with,
         if any; enables `batch_size_at` and `examples_seen`.
+      component_names: Names of the mixture components, indexed by the
+        dataloader's `COMPONENT_ID_FIELD` (which is stripped from batches);
+        used for per-component token counts in `data_counters`.
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         prefetch: int = 2,
         sync_end: bool | None = None,
         batch_schedule: Any = None,
+        component_names: Sequence[str] = (),
     ):
         if iterator_length is not None and iterator_length < 1:
             raise DataConfigError(f"iterator_length={iterator_length} must be >= 1 or None")
@@ -123,6 +130,11 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self.batch_schedule = batch_schedule
         #: Length of a finite run and whether it is exact (see `epoch_length`).
         self.epoch_length: Any = None
+        #: The data config this iterator was built from (fingerprinted in checkpoints).
+        self.data_config: Any = None
+        self.component_names = tuple(component_names)
+        #: What was handed out so far (tokens, padding, per component, wait time).
+        self.data_counters = DataCounters(self.component_names)
         self.layout = data_host_layout(global_mesh)
         self.sharding = data_sharding(global_mesh)
         if sync_end is None:
@@ -205,11 +217,13 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
 
     def _produce(self) -> _Prefetched:
         host = {k: np.asarray(v) for k, v in _as_dict(next(self._local_iterator)).items()}
+        component_ids = host.pop(COMPONENT_ID_FIELD, None)
         state = self._local_state()
         device = None
         if self._device_put_in_background():
             device = form_global_batch(host, self.sharding, self.layout.host_count)
-        return _Prefetched(host, device, state)
+        counts = count_batch(host, component_ids, len(self.component_names))
+        return _Prefetched(host, device, state, counts)
 
     # Consuming ---------------------------------------------------------------
 
@@ -217,6 +231,12 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         return self
 
     def __next__(self) -> Any:
+        started = time.perf_counter()
+        batch = self._next_batch()
+        self.data_counters.add(self._last_counts, time.perf_counter() - started)
+        return batch
+
+    def _next_batch(self) -> Any:
         if self.iterator_length is not None and self.step_counter >= self.iterator_length:
             self._end_of_epoch()
         if self.sync_end and self._total_steps is None and self.step_counter >= self._known_until:
@@ -234,6 +254,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             if self._padding_template is None:
                 self._padding_template = {k: np.zeros_like(v) for k, v in item.host.items()}
         arrays = item.device if item.device is not None else self._to_global(item.host)
+        self._last_counts = item.counts
         self.step_counter += 1
         if self._element_spec is None:
             self._element_spec = self._spec_of(arrays)
@@ -299,7 +320,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             )
             for k, v in self._padding_template.items()
         }
-        return _Prefetched(host, None, self._state_of_last)
+        counts = count_batch(host, None, len(self.component_names))
+        return _Prefetched(host, None, self._state_of_last, counts)
 
     def _to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         if self.pad_shapes and self.layout.process_count > 1:

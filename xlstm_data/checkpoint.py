@@ -1,0 +1,255 @@
+"""The data position as an orbax checkpoint item, saved in the model's step.
+
+Keeping the iterator state inside the same orbax step as the model makes the
+two one unit: they are written together (asynchronously, with the model),
+become visible together when orbax commits the step, and are pruned together
+by `max_to_keep`. Use it inside a composite::
+
+    manager.save(step, args=ocp.args.Composite(
+        model=ocp.args.StandardSave(state), data=DataCheckpointSave(iterator)))
+    manager.restore(step, args=ocp.args.Composite(
+        model=ocp.args.StandardRestore(abstract_state), data=DataCheckpointRestore(iterator)))
+
+Each process writes `process_<i>-of-<n>.json`: a header (our format version,
+grain's version, the process index and count, the data step and a fingerprint
+of the data config) and its iterator state. A restore refuses what would
+silently resume the wrong data: another process count, or a changed data
+config unless the change is explicitly allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.fingerprint import (
+    config_changes,
+    disallowed_changes,
+    fingerprint,
+    flat_data_config,
+)
+
+#: Version of the per-process file layout below; bump on format changes.
+CHECKPOINT_FORMAT_VERSION = 1
+
+_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+
+
+def state_file_name(process_index: int, process_count: int) -> str:
+    """Name of one process's data-state file inside the checkpoint item."""
+    return f"process_{process_index}-of-{process_count}.json"
+
+
+def _grain_version() -> str:
+    return importlib.metadata.version("grain")
+
+
+def _flat_config(iterator: Any, data_config: Any) -> dict[str, Any] | None:
+    config = data_config if data_config is not None else getattr(iterator, "data_config", None)
+    return None if config is None else flat_data_config(config)
+
+
+class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
+    """Writes and reads one JSON file per process in the `data` item."""
+
+    def _record(self, args: DataCheckpointSave) -> tuple[str, dict[str, Any]]:
+        layout = args.iterator.layout
+        state = args.iterator.get_state()
+        flat = _flat_config(args.iterator, args.data_config)
+        header = {
+            "format_version": CHECKPOINT_FORMAT_VERSION,
+            "grain_version": _grain_version(),
+            "process_index": layout.process_index,
+            "process_count": layout.process_count,
+            "step": state.get("step"),
+            "data_config_fingerprint": None if flat is None else fingerprint(flat),
+            "data_config": flat,
+        }
+        name = state_file_name(layout.process_index, layout.process_count)
+        return name, {"header": header, "state": state}
+
+    async def async_save(
+        self, directory: epath.Path, args: DataCheckpointSave
+    ) -> list[ocp.future.Future]:
+        # The state is taken now, synchronously; only the write is deferred.
+        name, record = self._record(args)
+        text = json.dumps(record)
+
+        async def write() -> None:
+            (directory / name).write_text(text)
+
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="data_save")]
+
+    def save(self, directory: epath.Path, args: DataCheckpointSave) -> None:
+        name, record = self._record(args)
+        (epath.Path(directory) / name).write_text(json.dumps(record))
+
+    def restore(self, directory: epath.Path, args: DataCheckpointRestore) -> dict[str, Any]:
+        """Sets the iterator to the saved position; returns the saved header."""
+        directory = epath.Path(directory)
+        layout = args.iterator.layout
+        path = directory / state_file_name(layout.process_index, layout.process_count)
+        if not path.exists():
+            raise _missing_file_error(directory, path, layout.process_count)
+        header, state = _read_record(path)
+        _check_header(path, header, layout)
+        current = _flat_config(args.iterator, args.data_config)
+        _check_config(path, header.get("data_config"), current, args.allow_config_change)
+        if header.get("grain_version") != _grain_version():
+            logging.warning(
+                "data state in %s was written with grain %s; this run has grain %s",
+                path,
+                header.get("grain_version"),
+                _grain_version(),
+            )
+        try:
+            args.iterator.set_state(state)
+        except DataConfigError:
+            raise
+        except Exception as error:
+            raise DataCheckpointError(
+                f"the data state in {path} (data step {header.get('step')}, grain "
+                f"{header.get('grain_version')}) could not be applied to this run's pipeline "
+                f"(grain {_grain_version()}): {type(error).__name__}: {error}"
+            ) from error
+        logging.info("restored data position at data step %s from %s", header.get("step"), path)
+        return header
+
+    def metadata(self, directory: epath.Path) -> dict[str, Any] | None:
+        """Headers of all processes' files, by file name (None if there are none)."""
+        directory = epath.Path(directory)
+        headers = {}
+        for path in sorted(directory.glob("process_*-of-*.json")):
+            headers[path.name] = _read_record(path)[0]
+        return headers or None
+
+    def finalize(self, directory: epath.Path) -> None:
+        del directory
+
+    def close(self) -> None:
+        pass
+
+
+@ocp.args.register_with_handler(DataCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class DataCheckpointSave(ocp.args.CheckpointArgs):
+    """Saves `iterator`'s position (its state when the save starts).
+
+    Attributes:
+      iterator: A `MultiHostDataLoadIterator` (anything with `get_state()` and
+        a `layout` with `process_index`/`process_count`).
+      data_config: The data config to fingerprint; defaults to
+        `iterator.data_config`, which `iterators_from_config` sets.
+    """
+
+    iterator: Any
+    data_config: Any = None
+
+
+@ocp.args.register_with_handler(DataCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class DataCheckpointRestore(ocp.args.CheckpointArgs):
+    """Moves `iterator` to the saved position and starts prefetching from there.
+
+    Attributes:
+      iterator: The freshly built iterator of the resumed run.
+      allow_config_change: Data-config keys allowed to differ from the saved
+        run: True for any, or glob patterns such as `"data.train.*.weight"`
+        (new mixture weights are the usual intended change). Any other change
+        is refused with the list of changed keys.
+      data_config: The current data config; defaults to `iterator.data_config`.
+    """
+
+    iterator: Any
+    allow_config_change: bool | Iterable[str] = False
+    data_config: Any = None
+
+
+def _read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        record = json.loads(path.read_text())
+        header, state = record["header"], record["state"]
+        if not isinstance(header, Mapping) or not isinstance(state, Mapping):
+            raise TypeError("header and state must be JSON objects")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise DataCheckpointError(
+            f"data-state file {path} is corrupted or truncated ({type(error).__name__}: "
+            f"{error}); restore an earlier checkpoint step or pass start_data_fresh=True to "
+            "start the data stream over deliberately"
+        ) from error
+    return dict(header), dict(state)
+
+
+def _missing_file_error(
+    directory: epath.Path, path: epath.Path, process_count: int
+) -> DataCheckpointError:
+    saved_counts = sorted(
+        {
+            int(match.group(2))
+            for p in directory.glob("process_*-of-*.json")
+            if (match := _STATE_FILE.fullmatch(p.name))
+        }
+    )
+    if saved_counts and process_count not in saved_counts:
+        return DataCheckpointError(
+            f"the data position in {directory} was saved by process_count="
+            f"{', '.join(map(str, saved_counts))} processes but this run has process_count="
+            f"{process_count}; resuming would silently restart or skip data. Resume with "
+            f"{saved_counts[0]} processes, or start the data fresh deliberately"
+        )
+    return DataCheckpointError(
+        f"data-state file {path} is missing from the checkpoint (found "
+        f"{sorted(p.name for p in directory.glob('*'))}); the checkpoint is incomplete"
+    )
+
+
+def _check_header(path: epath.Path, header: Mapping[str, Any], layout: Any) -> None:
+    version = header.get("format_version")
+    if version != CHECKPOINT_FORMAT_VERSION:
+        raise DataCheckpointError(
+            f"data-state file {path} has format_version={version!r}; this version of "
+            f"xlstm-data reads format_version={CHECKPOINT_FORMAT_VERSION}"
+        )
+    for key in ("process_count", "process_index"):
+        if header.get(key) != getattr(layout, key):
+            raise DataCheckpointError(
+                f"data-state file {path} was saved with {key}={header.get(key)} but this run "
+                f"has {key}={getattr(layout, key)}"
+            )
+
+
+def _check_config(
+    path: epath.Path,
+    saved: Mapping[str, Any] | None,
+    current: Mapping[str, Any] | None,
+    allowed: bool | Iterable[str],
+) -> None:
+    if saved is None or current is None:
+        if saved != current:
+            logging.warning(
+                "cannot compare data configs for %s: only the %s run recorded one",
+                path,
+                "saved" if saved is not None else "current",
+            )
+        return
+    changes = config_changes(saved, current)
+    refused = disallowed_changes(changes, allowed)
+    if refused:
+        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in refused)
+        raise DataCheckpointError(
+            f"the data config changed since the checkpoint in {path} was saved: {listed}. "
+            "Resuming would not continue the same data stream. Restore the old values, or "
+            "allow the change explicitly with DataCheckpointRestore(iterator, "
+            f"allow_config_change={sorted(key for key, _, _ in refused)!r})"
+        )
+    for key, old, new in changes:
+        logging.warning("resuming with an allowed data config change: %s: %r -> %r", key, old, new)

@@ -1,0 +1,99 @@
+"""Running counts of what the iterator handed out, for data metrics.
+
+The training loop wants to know tokens/s, padding and mixture shares as they
+really were, and how long it waited for data. Counting happens on host numpy
+batches in the prefetch thread (a few vectorised sums per batch), and only
+batches actually handed to the loop are added, so the figures match the
+steps taken. Rows of a mixture carry the index of their component in
+`COMPONENT_ID_FIELD`, which the iterator strips before forming the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+#: Per-row index of the mixture component (added before mixing, removed by the iterator).
+COMPONENT_ID_FIELD = "mixture_component_id"
+
+#: The field whose non-zero entries are the tokens that count (the loss mask).
+TOKEN_MASK_FIELD = "targets_segmentation"
+
+
+@dataclasses.dataclass
+class BatchCounts:
+    """Counts of one host batch.
+
+    Attributes:
+      tokens: Non-padding target tokens.
+      slots: All target positions (tokens plus padding).
+      rows: Rows holding at least one token.
+      component_tokens: Tokens per mixture component, in `component_names` order.
+    """
+
+    tokens: int
+    slots: int
+    rows: int
+    component_tokens: np.ndarray
+
+
+def count_batch(
+    host: Mapping[str, np.ndarray], component_ids: np.ndarray | None, component_count: int
+) -> BatchCounts | None:
+    """Counts one host batch; None when it has no token mask field."""
+    mask = host.get(TOKEN_MASK_FIELD)
+    if mask is None:
+        return None
+    per_row = np.count_nonzero(np.asarray(mask).reshape(mask.shape[0], -1), axis=1)
+    per_component = np.zeros(max(component_count, 1), dtype=np.int64)
+    if component_ids is None:
+        per_component[0] = per_row.sum()
+    else:
+        np.add.at(per_component, np.asarray(component_ids, dtype=np.int64), per_row)
+    return BatchCounts(
+        tokens=int(per_row.sum()),
+        slots=int(np.asarray(mask).size),
+        rows=int(np.count_nonzero(per_row)),
+        component_tokens=per_component,
+    )
+
+
+@dataclasses.dataclass
+class DataCounters:
+    """Cumulative counts since the iterator was built (this process only).
+
+    Attributes:
+      batches: Batches handed out.
+      tokens: Non-padding target tokens handed out.
+      slots: Target positions handed out, padding included.
+      rows: Rows with at least one token.
+      component_tokens: Tokens per mixture component.
+      wait_secs: Time `__next__` spent blocked waiting for a prepared batch.
+    """
+
+    component_names: Sequence[str] = ()
+    batches: int = 0
+    tokens: int = 0
+    slots: int = 0
+    rows: int = 0
+    component_tokens: np.ndarray = dataclasses.field(init=False)
+    wait_secs: float = 0.0
+
+    def __post_init__(self):
+        self.component_tokens = np.zeros(max(len(self.component_names), 1), dtype=np.int64)
+
+    def add(self, counts: BatchCounts | None, wait_secs: float) -> None:
+        self.batches += 1
+        self.wait_secs += wait_secs
+        if counts is not None:
+            self.tokens += counts.tokens
+            self.slots += counts.slots
+            self.rows += counts.rows
+            self.component_tokens = self.component_tokens + counts.component_tokens
+
+    def as_vector(self) -> np.ndarray:
+        """`[batches, tokens, slots, rows, wait_secs, *component_tokens]` as float64."""
+        head = [self.batches, self.tokens, self.slots, self.rows, self.wait_secs]
+        return np.concatenate([np.asarray(head, np.float64), self.component_tokens.astype(float)])

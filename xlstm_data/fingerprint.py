@@ -1,0 +1,75 @@
+"""A fingerprint of the data config, so a resume can tell what changed.
+
+The data position saved in a checkpoint only means something for the data
+config that produced it. Each checkpoint stores the flattened config and its
+hash; a restore compares them key by key and names every changed key, so an
+accidental edit is refused and an intended one can be allowed explicitly.
+Keys that do not change the training stream (eval sets, prefetch depth) are
+left out, so adding an eval set never blocks a resume.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from xlstm_data.config import validate_data_config
+
+#: Data keys that do not affect the training stream's content or order.
+KEYS_OUTSIDE_FINGERPRINT = ("eval", "eval_global_batch_size", "prefetch")
+
+
+def flat_data_config(data_config: Any) -> dict[str, Any]:
+    """The training-relevant data config as `{"data.<key>...": value}`."""
+    config = validate_data_config(data_config).to_json_dict()
+    for key in KEYS_OUTSIDE_FINGERPRINT:
+        config.pop(key, None)
+    return dict(_flatten("data", json.loads(json.dumps(config))))
+
+
+def fingerprint(flat_config: Mapping[str, Any]) -> str:
+    """A stable hash of a flattened config."""
+    text = json.dumps(dict(flat_config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_changes(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """`(key, saved value, current value)` for every key that differs.
+
+    A key only in one of the two shows `<absent>` on the other side.
+    """
+    absent = "<absent>"
+    return [
+        (key, saved.get(key, absent), current.get(key, absent))
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key, absent) != current.get(key, absent)
+    ]
+
+
+def disallowed_changes(
+    changes: Iterable[tuple[str, Any, Any]], allowed: bool | Iterable[str]
+) -> list[tuple[str, Any, Any]]:
+    """The changes not covered by `allowed` (True, or glob patterns of keys)."""
+    if allowed is True:
+        return []
+    patterns = [] if allowed is False else list(allowed)
+    return [
+        change
+        for change in changes
+        if not any(
+            fnmatch.fnmatchcase(change[0], p) or change[0].startswith(p + ".") for p in patterns
+        )
+    ]
+
+
+def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            yield from _flatten(f"{prefix}.{key}", inner)
+    else:
+        yield prefix, value
