@@ -11,6 +11,17 @@ def get_config() -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
     config.seed = 0
     config.num_train_steps = 300
+    config.learning_rate = 3e-3
+    config.warmup_steps = 20
+    config.log_every_steps = 25
+    config.eval_every_steps = 0  # evaluates once at the end
+
+    config.model = config_dict.ConfigDict(
+        {"vocab_size": 258, "d_model": 64, "num_layers": 2, "num_heads": 4, "mlp_dim": 256}
+    )
+    config.checkpoint = config_dict.ConfigDict(
+        {"every_steps": 50, "every_secs": config_dict.placeholder(float), "max_to_keep": 2}
+    )
 
     config.mesh = config_dict.ConfigDict()
     config.mesh.axis_dims = "dp:1,fsdp:-1,tp:1,sp:1"

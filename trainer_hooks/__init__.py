@@ -1,5 +1,27 @@
-"""CLU-style periodic actions that save and restore the data position with the model.
+"""CLU-style periodic actions for a JAX training loop, and a reference loop.
 
-The hooks (`CheckpointHook`, `DataMetricsHook`) and the reference training loop
-are built on `xlstm_data`; this package is filled in by the checkpointing work.
+`CheckpointHook` saves the model and the data position in one orbax step and
+`restore_or_initialize` resumes both; `DataMetricsHook` reports what the data
+pipeline delivered; `ProgressHook` logs a progress line. `trainer_hooks.train`
+is a complete config-driven training run built from them.
 """
+
+from trainer_hooks.checkpointing import (
+    CheckpointHook,
+    checkpoint_manager,
+    restore_or_initialize,
+    save_args,
+)
+from trainer_hooks.data_metrics import DataMetricsHook
+from trainer_hooks.jsonl_writer import JsonlWriter
+from trainer_hooks.progress import ProgressHook
+
+__all__ = [
+    "CheckpointHook",
+    "DataMetricsHook",
+    "JsonlWriter",
+    "ProgressHook",
+    "checkpoint_manager",
+    "restore_or_initialize",
+    "save_args",
+]

@@ -2,7 +2,9 @@
 
 from xlstm_data import sources, tokenizers
 from xlstm_data.batch import LLMBatch
-from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.checkpoint import DataCheckpointHandler, DataCheckpointRestore, DataCheckpointSave
+from xlstm_data.errors import DataCheckpointError, DataConfigError, DataReadError
+from xlstm_data.from_config import iterators_from_config
 from xlstm_data.grain_iterator import (
     make_grain_llm_dataset,
     make_grain_llm_iterator,
@@ -14,6 +16,10 @@ from xlstm_data.mesh import create_mesh, data_parallel_size, data_sharding
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
 
 __all__ = [
+    "DataCheckpointError",
+    "DataCheckpointHandler",
+    "DataCheckpointRestore",
+    "DataCheckpointSave",
     "DataConfigError",
     "DataHostLayout",
     "DataReadError",
@@ -23,6 +29,7 @@ __all__ = [
     "data_host_layout",
     "data_parallel_size",
     "data_sharding",
+    "iterators_from_config",
     "make_grain_llm_dataset",
     "make_grain_llm_iterator",
     "make_grain_multihost_iterator",

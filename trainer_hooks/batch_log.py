@@ -1,0 +1,66 @@
+"""A per-step fingerprint of every batch, to check that a resume is exact.
+
+Comparing the fingerprints of an interrupted-and-resumed run with those of an
+uninterrupted one shows, step by step, that the data stream continued on
+exactly the next batch. The fingerprint hashes the whole global batch, so it
+does not depend on how many processes produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+from jax.experimental import multihost_utils
+
+from xlstm_data.batch import LLM_BATCH_FIELDS
+
+
+def global_numpy(array: jax.Array) -> np.ndarray:
+    """The whole global array on this host (a collective on several processes)."""
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def batch_fingerprint(batch: Any) -> str:
+    """sha256 (16 hex digits) over every field's global shape, dtype and values."""
+    digest = hashlib.sha256()
+    for name in LLM_BATCH_FIELDS:
+        values = global_numpy(getattr(batch, name))
+        digest.update(f"{name}:{values.shape}:{values.dtype}".encode())
+        digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class BatchLog:
+    """Appends `{"step", "fingerprint", "batch_size", "tokens", "loss"}` lines.
+
+    Lines are flushed one by one, so a killed run leaves every finished line.
+    A resumed run appends again from its checkpoint, so a step can appear
+    twice; both lines must agree when the resume is exact.
+    """
+
+    def __init__(self, path: epath.PathLike, *, enabled: bool = True):
+        self.path = epath.Path(path)
+        self._file = self.path.open("a") if enabled else None
+
+    def write(self, step: int, **fields: Any) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps({"step": step, **fields}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def read_batch_log(path: epath.PathLike) -> list[dict[str, Any]]:
+    """All records of a batch log, in the order written."""
+    text = epath.Path(path).read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

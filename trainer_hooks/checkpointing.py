@@ -1,0 +1,180 @@
+"""Saving and restoring the model and the data position as one orbax step.
+
+A resumed run must continue on exactly the next batch with exactly the saved
+model, so both go into the same `CheckpointManager` step: written together
+(asynchronously), committed together, pruned together by `max_to_keep`.
+`CheckpointHook` saves periodically from the loop; `restore_or_initialize`
+picks up the latest step at start-up, and refuses a model-only checkpoint
+unless the caller deliberately starts the data stream over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+from jax_loop_utils import periodic_actions
+
+from xlstm_data.checkpoint import (
+    DataCheckpointHandler,
+    DataCheckpointRestore,
+    DataCheckpointSave,
+)
+from xlstm_data.errors import DataCheckpointError
+
+State = TypeVar("State")
+
+MODEL_ITEM = "model"
+DATA_ITEM = "data"
+
+
+def checkpoint_manager(
+    directory: epath.PathLike, *, max_to_keep: int | None = 2, async_save: bool = True
+) -> ocp.CheckpointManager:
+    """A manager for `{model, data}` steps under `directory` (made absolute)."""
+    path = epath.Path(directory)
+    if not path.is_absolute():
+        path = epath.Path(path.resolve())
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+    )
+    handlers = {MODEL_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: DataCheckpointHandler()}
+    return ocp.CheckpointManager(path, options=options, item_handlers=handlers)
+
+
+def save_args(state: Any, iterator: Any) -> ocp.args.Composite:
+    """The composite that saves `state` and `iterator`'s position in one step."""
+    return ocp.args.Composite(
+        **{MODEL_ITEM: ocp.args.StandardSave(state), DATA_ITEM: DataCheckpointSave(iterator)}
+    )
+
+
+class CheckpointHook(periodic_actions.PeriodicAction):
+    """Saves model and data position in one orbax step, periodically.
+
+    Call it after every training step with the number of steps done. With
+    `every_secs` on several processes, process 0's clock decides for all, so
+    every process saves at the same step (a save is a collective).
+
+    Args:
+      manager: The orbax `CheckpointManager`.
+      get_state: Returns the model/train state to save (a pytree).
+      iterator: The train iterator whose position is saved with it.
+      every_steps: Save when the step is a multiple of this.
+      every_secs: Save when this long has passed since the last save.
+      on_steps: Also save at these steps.
+    """
+
+    def __init__(
+        self,
+        manager: ocp.CheckpointManager,
+        get_state: Callable[[], Any],
+        iterator: Any,
+        *,
+        every_steps: int | None = None,
+        every_secs: float | None = None,
+        on_steps: Iterable[int] | None = None,
+    ):
+        super().__init__(every_steps=every_steps, every_secs=every_secs, on_steps=on_steps)
+        self.manager = manager
+        self.get_state = get_state
+        self.iterator = iterator
+
+    def _should_trigger(self, step: int, t: float) -> bool:
+        wanted = step != self._previous_step and super()._should_trigger(step, t)
+        if self._every_secs is not None and jax.process_count() > 1:
+            wanted = bool(multihost_utils.broadcast_one_to_all(np.int32(wanted)))
+        return wanted
+
+    def _apply(self, step: int, t: float) -> None:
+        del t
+        self.save(step)
+
+    def save(self, step: int, *, force: bool = True) -> bool:
+        """Starts saving step `step` now (the write finishes in the background)."""
+        if self.manager.latest_step() == step:
+            return False
+        saved = self.manager.save(
+            step, args=save_args(self.get_state(), self.iterator), force=force
+        )
+        if saved:
+            logging.info("checkpoint step %d started (model and data)", step)
+        return saved
+
+    def finish(self, step: int) -> None:
+        """Saves `step` if it is not saved yet and waits for all writes to land."""
+        self.save(step)
+        self.manager.wait_until_finished()
+
+
+def saved_items(manager: ocp.CheckpointManager, step: int) -> set[str]:
+    """Names of the items stored in checkpoint step `step`."""
+    return set(manager.item_metadata(step).keys())
+
+
+def restore_or_initialize(
+    manager: ocp.CheckpointManager,
+    iterator: Any,
+    initial_state: State,
+    *,
+    step: int | None = None,
+    start_data_fresh: bool = False,
+    allow_data_config_change: bool | Iterable[str] = False,
+) -> tuple[State, int]:
+    """Restores model and data position from a checkpoint, or starts fresh.
+
+    Args:
+      manager: The orbax `CheckpointManager`.
+      iterator: The freshly built train iterator; moved to the saved position
+        (and prefetching from there) on restore.
+      initial_state: The freshly initialised state; its structure, dtypes
+        and shardings are the restore target, and it is returned when there
+        is no checkpoint.
+      step: The step to restore; default the latest.
+      start_data_fresh: Restore the model only and start the data stream from
+        its beginning. Needed for a model-only checkpoint (otherwise refused,
+        since the data position is unknown); use deliberately.
+      allow_data_config_change: Data-config keys allowed to differ from the
+        checkpoint (True, or glob patterns like `"data.train.*.weight"`).
+
+    Returns:
+      `(state, step)`: the state and the number of steps already done.
+    """
+    if step is None:
+        step = manager.latest_step()
+    if step is None:
+        logging.info("no checkpoint in %s; starting from step 0", manager.directory)
+        return initial_state, 0
+    items = saved_items(manager, step)
+    if MODEL_ITEM not in items:
+        raise DataCheckpointError(
+            f"checkpoint step {step} in {manager.directory} has no {MODEL_ITEM!r} item "
+            f"(found {sorted(items)}); it was not written by CheckpointHook"
+        )
+    args = {MODEL_ITEM: ocp.args.StandardRestore(initial_state)}
+    if start_data_fresh:
+        logging.warning(
+            "start_data_fresh: restoring the model from step %d but starting the data stream "
+            "from its beginning, as asked",
+            step,
+        )
+    elif DATA_ITEM not in items:
+        raise DataCheckpointError(
+            f"checkpoint step {step} in {manager.directory} holds the model but no data "
+            f"position (items: {sorted(items)}), so the next batch is unknown. Pass "
+            "start_data_fresh=True (train.py: --start_data_fresh) to start the data stream "
+            "over deliberately, or restore a step saved with the data"
+        )
+    else:
+        args[DATA_ITEM] = DataCheckpointRestore(
+            iterator, allow_config_change=allow_data_config_change
+        )
+    restored = manager.restore(step, args=ocp.args.Composite(**args))
+    logging.info("restored step %d from %s (items %s)", step, manager.directory, sorted(args))
+    return restored[MODEL_ITEM], step

@@ -1,0 +1,253 @@
+"""Reference config-driven training run: a tiny causal LM on the config's data.
+
+    python -m trainer_hooks.train --config=configs/demo.py --workdir=/tmp/demo
+
+It shows the plugin end to end: iterators from the config, the model and
+data position saved in one orbax step by `CheckpointHook`, `DataMetricsHook`
+and a progress line, and a resume from the latest step when rerun with the
+same workdir. Every step's batch fingerprint goes to `WORKDIR/batches.jsonl`
+and the metrics to `WORKDIR/metrics.jsonl`, so a resumed run can be compared
+with an uninterrupted one. Several processes: pass `--coordinator`,
+`--num_processes` and `--process_id` (or set JAX's usual environment
+variables) on each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+from etils import epath
+from jax.sharding import NamedSharding, PartitionSpec
+from jax_loop_utils import metric_writers
+from ml_collections import config_flags
+
+from trainer_hooks.batch_log import BatchLog, batch_fingerprint
+from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
+from trainer_hooks.data_metrics import DataMetricsHook
+from trainer_hooks.jsonl_writer import JsonlWriter
+from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
+from trainer_hooks.progress import ProgressHook
+from xlstm_data import create_mesh, data_sharding, iterators_from_config
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs/*.py file).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and batch log go here.")
+_COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "CPU devices per process (CPU runs).")
+_INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", 300, "Seconds to wait for peers.")
+_START_DATA_FRESH = flags.DEFINE_bool(
+    "start_data_fresh", False, "Restore only the model and start the data stream over."
+)
+_ALLOW_CHANGE = flags.DEFINE_list(
+    "allow_data_config_change",
+    [],
+    "Data-config keys (glob patterns) allowed to differ from the checkpoint's.",
+)
+_PREEMPT_AT = flags.DEFINE_integer(
+    "simulate_preemption_at_step",
+    None,
+    "SIGKILL this process right after this step (to try resuming).",
+)
+_FINGERPRINTS = flags.DEFINE_bool(
+    "fingerprints", True, "Log a per-step batch fingerprint to WORKDIR/batches.jsonl."
+)
+
+#: Keys of the training part of a config, with their defaults.
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "num_train_steps": 100,
+    "learning_rate": 3e-3,
+    "warmup_steps": 20,
+    "log_every_steps": 10,
+    "eval_every_steps": 0,
+    "model": {"vocab_size": 258, "d_model": 64, "num_layers": 2, "num_heads": 4, "mlp_dim": 256},
+    "checkpoint": {"every_steps": 50, "every_secs": None, "max_to_keep": 2},
+}
+
+
+def _setting(config: Any, key: str) -> Any:
+    """`config.<key>` (dotted) or its default from `TRAIN_DEFAULTS`."""
+    value: Any = config
+    default: Any = TRAIN_DEFAULTS
+    for part in key.split("."):
+        default = default[part]
+        value = value.get(part) if isinstance(value, Mapping) or hasattr(value, "get") else None
+        if value is None:
+            return default
+    return value
+
+
+def _start_processes() -> None:
+    if _CPU_DEVICES.value:
+        jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
+    if _COORDINATOR.value:
+        jax.distributed.initialize(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+            initialization_timeout=_INIT_TIMEOUT.value,
+        )
+    elif "JAX_COORDINATOR_ADDRESS" in os.environ:
+        jax.distributed.initialize(initialization_timeout=_INIT_TIMEOUT.value)
+
+
+def train(config: Any, workdir: str) -> dict[str, Any]:
+    """Trains (or resumes) the run in `workdir`; returns a short summary."""
+    workdir_path = epath.Path(os.path.abspath(workdir))
+    workdir_path.mkdir(parents=True, exist_ok=True)
+    primary = jax.process_index() == 0
+    mesh = create_mesh(config.mesh.axis_dims)
+    train_iter, eval_iters = iterators_from_config(config.data, mesh)
+    num_steps = int(_setting(config, "num_train_steps"))
+    seq_len = int(config.data.max_target_length)
+
+    model_config = ModelConfig.from_config(
+        _setting(config, "model"), int(_setting(config, "model.vocab_size")), seq_len
+    )
+    replicated = NamedSharding(mesh, PartitionSpec())
+    init = jax.jit(
+        lambda rng: create_train_state(
+            rng,
+            model_config,
+            float(_setting(config, "learning_rate")),
+            seq_len,
+            warmup_steps=int(_setting(config, "warmup_steps")),
+        ),
+        out_shardings=replicated,
+    )
+    state = init(jax.random.key(int(_setting(config, "seed"))))
+    manager = checkpoint_manager(
+        workdir_path / "checkpoints", max_to_keep=_setting(config, "checkpoint.max_to_keep")
+    )
+    state, start_step = restore_or_initialize(
+        manager,
+        train_iter,
+        state,
+        start_data_fresh=_START_DATA_FRESH.value,
+        allow_data_config_change=_ALLOW_CHANGE.value,
+    )
+
+    batch_sharding = data_sharding(mesh)
+    step_fn = jax.jit(
+        train_step,
+        in_shardings=(replicated, batch_sharding),
+        out_shardings=(replicated, replicated),
+        donate_argnums=0,
+    )
+    eval_fn = jax.jit(eval_step, in_shardings=(replicated, batch_sharding))
+
+    if primary:
+        writer: metric_writers.MetricWriter = metric_writers.MultiWriter(
+            [JsonlWriter(workdir_path / "metrics.jsonl"), metric_writers.LoggingWriter()]
+        )
+    else:
+        writer = metric_writers.MultiWriter([])
+    batch_log = BatchLog(workdir_path / "batches.jsonl", enabled=primary and _FINGERPRINTS.value)
+    log_every = int(_setting(config, "log_every_steps"))
+    latest: dict[str, Any] = {}
+    checkpoint_hook = CheckpointHook(
+        manager,
+        lambda: state,
+        train_iter,
+        every_steps=_setting(config, "checkpoint.every_steps"),
+        every_secs=_setting(config, "checkpoint.every_secs"),
+    )
+    hooks = [
+        checkpoint_hook,
+        DataMetricsHook(writer, train_iter, every_steps=log_every),
+        ProgressHook(
+            num_steps,
+            every_steps=log_every,
+            every_secs=None,
+            iterator=train_iter,
+            metrics=lambda: {"loss": float(latest["loss"])},
+        ),
+    ]
+
+    def evaluate(step: int) -> None:
+        for name, iterator in eval_iters.items():
+            totals = [eval_fn(state, batch) for batch in iterator]
+            loss_sum = sum(float(t["loss_sum"]) for t in totals)
+            tokens = sum(float(t["tokens"]) for t in totals)
+            writer.write_scalars(step, {f"eval/{name}/loss": loss_sum / max(tokens, 1.0)})
+
+    eval_every = int(_setting(config, "eval_every_steps"))
+    pending: tuple[int, dict[str, Any], str | None, int] | None = None
+    for step in range(start_step + 1, num_steps + 1):
+        batch = next(train_iter)
+        fingerprint = batch_fingerprint(batch) if _FINGERPRINTS.value else None
+        state, metrics = step_fn(state, batch)
+        if pending is not None:
+            _log_step(batch_log, writer, *pending, log_every)
+        pending = (step, metrics, fingerprint, int(batch.inputs.shape[0]))
+        latest = metrics
+        for hook in hooks:
+            hook(step)
+        if eval_every and step % eval_every == 0:
+            evaluate(step)
+        if step == _PREEMPT_AT.value:
+            _log_step(batch_log, writer, *pending, log_every)
+            logging.warning("simulating a pre-emption after step %d: SIGKILL", step)
+            os.kill(os.getpid(), signal.SIGKILL)
+    if pending is not None:
+        _log_step(batch_log, writer, *pending, log_every)
+    checkpoint_hook.finish(num_steps)
+    if eval_iters:
+        evaluate(num_steps)
+    writer.flush()
+    batch_log.close()
+    manager.close()
+    train_iter.close()
+    return {
+        "resumed_from_step": start_step,
+        "final_step": num_steps,
+        "final_loss": float(latest["loss"]) if latest else None,
+        "checkpoints": str(workdir_path / "checkpoints"),
+        "saved_steps": list(manager.all_steps()),
+        "metrics": str(workdir_path / "metrics.jsonl"),
+        "batches": str(workdir_path / "batches.jsonl"),
+        "tokens_seen": int(train_iter.data_counters.tokens),
+        "data_wait_secs": float(np.round(train_iter.data_counters.wait_secs, 3)),
+    }
+
+
+def _log_step(
+    batch_log: Any,
+    writer: Any,
+    step: int,
+    metrics: Mapping[str, Any],
+    fingerprint: str | None,
+    batch_size: int,
+    log_every: int,
+) -> None:
+    """Logs a step once its (asynchronously computed) metrics are ready."""
+    loss, tokens = float(metrics["loss"]), int(metrics["tokens"])
+    batch_log.write(step, fingerprint=fingerprint, batch_size=batch_size, tokens=tokens, loss=loss)
+    if step % log_every == 0:
+        writer.write_scalars(step, {"train/loss": loss})
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None or not _WORKDIR.value:
+        raise app.UsageError("--config and --workdir are required")
+    _start_processes()
+    summary = train(_CONFIG.value, _WORKDIR.value)
+    if jax.process_index() == 0:
+        print("training finished:")
+        for key, value in summary.items():
+            print(f"  {key}: {value}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    app.run(main)
