@@ -140,7 +140,44 @@ def scenario_pad_shapes(params: dict) -> dict:
     }
 
 
+def checkpoint_data_config() -> dict:
+    """A small synthetic 2-component mixture with ramp-up (shared with tests)."""
+    return {
+        "train": {
+            "a": {"kind": "synthetic", "num_documents": 200, "mean_length": 40, "weight": 0.7},
+            "b": {"kind": "synthetic", "num_documents": 100, "mean_length": 60, "seed": 1},
+        },
+        "global_batch_size": 8,
+        "max_target_length": 32,
+        "rampup": [[0, 0.5], [4, 1.0]],
+    }
+
+
+def scenario_save_checkpoint(params: dict) -> dict:
+    """Saves model + data position after a few steps into params["directory"]."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    import xlstm_data as xd
+
+    mesh = build_mesh(params)
+    train, _ = xd.iterators_from_config(checkpoint_data_config(), mesh)
+    for _ in range(params.get("steps", 3)):
+        next(train)
+    manager = ocp.CheckpointManager(params["directory"])
+    state = {"w": np.arange(4.0)}
+    composite = ocp.args.Composite(
+        model=ocp.args.StandardSave(state), data=xd.DataCheckpointSave(train)
+    )
+    manager.save(params.get("steps", 3), args=composite)
+    manager.wait_until_finished()
+    manager.close()
+    train.close()
+    return {"step": train.step_counter}
+
+
 SCENARIOS = {
+    "save_checkpoint": scenario_save_checkpoint,
     "epoch": scenario_epoch,
     "rampup_resume": scenario_rampup_resume,
     "pad_shapes": scenario_pad_shapes,

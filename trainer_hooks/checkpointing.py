@@ -19,8 +19,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
-from jax_loop_utils import periodic_actions
 
+from trainer_hooks.periodic import StepAnchoredAction
 from xlstm_data.checkpoint import (
     DataCheckpointHandler,
     DataCheckpointRestore,
@@ -55,7 +55,7 @@ def save_args(state: Any, iterator: Any) -> ocp.args.Composite:
     )
 
 
-class CheckpointHook(periodic_actions.PeriodicAction):
+class CheckpointHook(StepAnchoredAction):
     """Saves model and data position in one orbax step, periodically.
 
     Call it after every training step with the number of steps done. With
@@ -69,6 +69,7 @@ class CheckpointHook(periodic_actions.PeriodicAction):
       every_steps: Save when the step is a multiple of this.
       every_secs: Save when this long has passed since the last save.
       on_steps: Also save at these steps.
+      start_step: Steps already done (the restored step) when the loop starts.
     """
 
     def __init__(
@@ -80,14 +81,17 @@ class CheckpointHook(periodic_actions.PeriodicAction):
         every_steps: int | None = None,
         every_secs: float | None = None,
         on_steps: Iterable[int] | None = None,
+        start_step: int = 0,
     ):
-        super().__init__(every_steps=every_steps, every_secs=every_secs, on_steps=on_steps)
+        super().__init__(
+            every_steps=every_steps, every_secs=every_secs, on_steps=on_steps, start_step=start_step
+        )
         self.manager = manager
         self.get_state = get_state
         self.iterator = iterator
 
     def _should_trigger(self, step: int, t: float) -> bool:
-        wanted = step != self._previous_step and super()._should_trigger(step, t)
+        wanted = super()._should_trigger(step, t)
         if self._every_secs is not None and jax.process_count() > 1:
             wanted = bool(multihost_utils.broadcast_one_to_all(np.int32(wanted)))
         return wanted

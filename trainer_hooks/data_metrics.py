@@ -12,20 +12,20 @@ call the hook at the same steps (it is step-based only).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax_loop_utils import periodic_actions
 from jax_loop_utils.metric_writers.interface import MetricWriter
+
+from trainer_hooks.periodic import StepAnchoredAction
 
 _BATCHES, _TOKENS, _SLOTS, _ROWS, _WAIT = range(5)
 
 
-class DataMetricsHook(periodic_actions.PeriodicAction):
+class DataMetricsHook(StepAnchoredAction):
     """Reports data throughput, padding, mixture shares, batch size and wait time.
 
     Args:
@@ -34,6 +34,8 @@ class DataMetricsHook(periodic_actions.PeriodicAction):
       every_steps: Report when the step is a multiple of this.
       on_steps: Also report at these steps.
       prefix: Prefix of the scalar names.
+      start_step: Steps already done when the loop starts; the first
+        interval runs from construction (so it includes compilation).
     """
 
     def __init__(
@@ -44,46 +46,40 @@ class DataMetricsHook(periodic_actions.PeriodicAction):
         every_steps: int,
         on_steps: Iterable[int] | None = None,
         prefix: str = "data/",
+        start_step: int = 0,
     ):
-        super().__init__(every_steps=every_steps, on_steps=on_steps)
+        super().__init__(every_steps=every_steps, on_steps=on_steps, start_step=start_step)
         self.writer = writer
         self.iterator = iterator
         self.prefix = prefix
-        self._last_totals: np.ndarray | None = None
-        self._last_time: float | None = None
+        self._last_local = iterator.data_counters.as_vector()
+        self._last_time = self._previous_time
         #: The scalars of the latest report (also written to `writer`).
         self.latest: dict[str, float] = {}
 
-    def __call__(self, step: int, t: float | None = None) -> bool:
-        t = time.monotonic() if t is None else t
-        if self._last_totals is None:
-            self._last_totals = self._totals()
-            self._last_time = t
-        return super().__call__(step, t)
-
-    def _should_trigger(self, step: int, t: float) -> bool:
-        return step != self._previous_step and super()._should_trigger(step, t)
-
-    def _totals(self) -> np.ndarray:
-        """Counter totals over all data hosts (a collective on several processes)."""
-        local = self.iterator.data_counters.as_vector()
+    def _over_hosts(self, *vectors: np.ndarray) -> list[np.ndarray]:
+        """Each vector summed over data hosts, wait maxed over processes (a collective)."""
         if jax.process_count() == 1:
-            return local
-        host = np.float64(self.iterator.layout.host_index)
-        row = np.concatenate([[host], local])
+            return list(vectors)
+        row = np.concatenate([[float(self.iterator.layout.host_index)], *vectors])
         # Sent as uint32 pairs so float64 counts survive without jax x64.
         table = np.asarray(multihost_utils.process_allgather(row.view(np.uint32)))
         table = table.reshape(jax.process_count(), -1).view(np.float64)
         _, first_of_host = np.unique(table[:, 0], return_index=True)
-        totals = table[first_of_host, 1:].sum(axis=0)
-        totals[_WAIT] = table[:, 1 + _WAIT].max()
-        return totals
+        out, offset = [], 1
+        for vector in vectors:
+            block = table[:, offset : offset + vector.size]
+            combined = block[first_of_host].sum(axis=0)
+            combined[_WAIT] = block[:, _WAIT].max()
+            out.append(combined)
+            offset += vector.size
+        return out
 
     def _apply(self, step: int, t: float) -> None:
-        totals = self._totals()
-        delta = totals - self._last_totals
+        local = self.iterator.data_counters.as_vector()
+        delta, totals = self._over_hosts(local - self._last_local, local)
         elapsed = max(t - self._last_time, 1e-9)
-        self._last_totals, self._last_time = totals, t
+        self._last_local, self._last_time = local, t
         tokens, slots = delta[_TOKENS], delta[_SLOTS]
         scalars = {
             "tokens_per_sec": tokens / elapsed,

@@ -7,15 +7,15 @@ is what one looks at first when a run seems slow or stuck.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from absl import logging
-from jax_loop_utils import periodic_actions
+
+from trainer_hooks.periodic import StepAnchoredAction
 
 
-class ProgressHook(periodic_actions.PeriodicAction):
+class ProgressHook(StepAnchoredAction):
     """Logs `step/total, steps/s, ETA, metrics, batch size, data wait`.
 
     Args:
@@ -26,6 +26,7 @@ class ProgressHook(periodic_actions.PeriodicAction):
       metrics: Returns the latest scalar metrics to show (e.g. the loss);
         called only when a report is due.
       on_steps: Also report at these steps (the last step always reports).
+      start_step: Steps already done when the loop starts.
     """
 
     def __init__(
@@ -37,23 +38,18 @@ class ProgressHook(periodic_actions.PeriodicAction):
         iterator: Any = None,
         metrics: Callable[[], Mapping[str, float]] | None = None,
         on_steps: Iterable[int] | None = None,
+        start_step: int = 0,
     ):
         on_steps = {*(on_steps or ()), num_train_steps}
-        super().__init__(every_steps=every_steps, every_secs=every_secs, on_steps=on_steps)
+        super().__init__(
+            every_steps=every_steps, every_secs=every_secs, on_steps=on_steps, start_step=start_step
+        )
         self.num_train_steps = num_train_steps
         self.iterator = iterator
         self.metrics = metrics
-        self._wait_at_previous = 0.0
+        self._wait_at_previous = 0.0 if iterator is None else iterator.data_counters.wait_secs
         #: The latest report line.
         self.line = ""
-
-    def _should_trigger(self, step: int, t: float) -> bool:
-        return step != self._previous_step and super()._should_trigger(step, t)
-
-    def __call__(self, step: int, t: float | None = None) -> bool:
-        if self._previous_step is None and self.iterator is not None:
-            self._wait_at_previous = self.iterator.data_counters.wait_secs
-        return super().__call__(step, time.monotonic() if t is None else t)
 
     def _apply(self, step: int, t: float) -> None:
         elapsed = max(t - self._previous_time, 1e-9)

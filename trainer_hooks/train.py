@@ -159,16 +159,18 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         train_iter,
         every_steps=_setting(config, "checkpoint.every_steps"),
         every_secs=_setting(config, "checkpoint.every_secs"),
+        start_step=start_step,
     )
     hooks = [
         checkpoint_hook,
-        DataMetricsHook(writer, train_iter, every_steps=log_every),
+        DataMetricsHook(writer, train_iter, every_steps=log_every, start_step=start_step),
         ProgressHook(
             num_steps,
             every_steps=log_every,
             every_secs=None,
             iterator=train_iter,
             metrics=lambda: {"loss": float(latest["loss"])},
+            start_step=start_step,
         ),
     ]
 

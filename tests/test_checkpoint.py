@@ -1,0 +1,258 @@
+"""The data position as an orbax item: round trips, refusals, pruning, crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import xlstm_data as xd
+from tests.helpers import assert_batches_equal
+from tests.mp_worker import checkpoint_data_config
+from tests.multiprocess import REPO, run_processes
+from trainer_hooks.model import ModelConfig, create_train_state
+from xlstm_data.checkpoint import CHECKPOINT_FORMAT_VERSION, state_file_name
+
+
+@pytest.fixture
+def mesh():
+    return xd.create_mesh("dp:1,fsdp:-1,tp:1,sp:1")
+
+
+def build(mesh, config=None):
+    train, _ = xd.iterators_from_config(config or checkpoint_data_config(), mesh)
+    return train
+
+
+def save(manager, step, state, iterator):
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            model=ocp.args.StandardSave(state), data=xd.DataCheckpointSave(iterator)
+        ),
+    )
+
+
+def restore(manager, step, state, iterator, **restore_kwargs):
+    return manager.restore(
+        step,
+        args=ocp.args.Composite(
+            model=ocp.args.StandardRestore(state),
+            data=xd.DataCheckpointRestore(iterator, **restore_kwargs),
+        ),
+    )
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def saved_at_step_5(tmp_path, mesh, state=None):
+    """A checkpoint at step 5 and the 4 batches that follow it."""
+    state = {"w": np.arange(4.0)} if state is None else state
+    train = build(mesh)
+    take(train, 5)
+    manager = ocp.CheckpointManager(tmp_path / "ckpt")
+    save(manager, 5, state, train)
+    # Moving on before the async write lands must not change what was saved.
+    following = take(train, 4)
+    manager.wait_until_finished()
+    train.close()
+    return manager, state, following
+
+
+def test_round_trip_with_flax_train_state(tmp_path, mesh):
+    config = ModelConfig(vocab_size=258, max_length=32, d_model=16, num_layers=1, num_heads=2)
+    state = create_train_state(jax.random.key(0), config, 1e-3, 32)
+    manager, _, following = saved_at_step_5(tmp_path, mesh, state)
+    fresh_state = create_train_state(jax.random.key(1), config, 1e-3, 32)
+    resumed = build(mesh)
+    restored = restore(ocp.CheckpointManager(tmp_path / "ckpt"), 5, fresh_state, resumed)
+    jax.tree.map(np.testing.assert_array_equal, restored["model"].params, state.params)
+    assert restored["data"]["step"] == 5
+    assert resumed.step_counter == 5
+    for expected, got in zip(following, take(resumed, 4), strict=True):
+        assert_batches_equal(expected, got)
+    resumed.close()
+    manager.close()
+
+
+def test_header_records_versions_layout_step_and_config(tmp_path, mesh):
+    manager, _, _ = saved_at_step_5(tmp_path, mesh)
+    record = json.loads((tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)).read_text())
+    header = record["header"]
+    assert header["format_version"] == CHECKPOINT_FORMAT_VERSION
+    assert header["grain_version"]
+    assert (header["process_index"], header["process_count"], header["step"]) == (0, 1, 5)
+    assert header["data_config"]["data.train.a.weight"] == 0.7
+    assert len(header["data_config_fingerprint"]) == 16
+    assert record["state"]["step"] == 5
+
+
+def test_changed_data_config_is_refused_with_the_changed_keys(tmp_path, mesh):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["train"]["a"]["weight"] = 0.4
+    config["max_target_length"] = 64
+    resumed = build(mesh, config)
+    with pytest.raises(xd.DataCheckpointError) as error:
+        restore(manager, 5, state, resumed)
+    message = str(error.value)
+    assert "data.train.a.weight: 0.7 -> 0.4" in message
+    assert "data.max_target_length: 32 -> 64" in message
+    assert "allow_config_change" in message
+    # Allowing only the weight still refuses the length change.
+    with pytest.raises(xd.DataCheckpointError, match="max_target_length") as error:
+        restore(manager, 5, state, resumed, allow_config_change=["data.train.*.weight"])
+    assert "data.train.a.weight" not in str(error.value)
+    resumed.close()
+
+
+def test_allowed_weight_change_resumes_with_the_new_mixture(tmp_path, mesh):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["train"]["a"]["weight"] = 0.1
+    config["train"]["b"]["weight"] = 0.9
+    resumed = build(mesh, config)
+    restore(manager, 5, state, resumed, allow_config_change=["data.train.*.weight"])
+    assert resumed.step_counter == 5
+    take(resumed, 60)
+    counters = resumed.data_counters
+    share_b = counters.component_tokens[1] / counters.tokens
+    assert resumed.component_names == ("a", "b")
+    # Rows follow the new 0.1/0.9 weights; b's documents are longer, so its token
+    # share is a little above 0.9 rather than exactly at it.
+    assert 0.85 < share_b <= 1.0
+    resumed.close()
+
+
+def test_adding_an_eval_set_does_not_block_a_resume(tmp_path, mesh):
+    manager, state, following = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["eval"] = {"held_out": {"kind": "synthetic", "num_documents": 10}}
+    config["eval_global_batch_size"] = 4
+    config["prefetch"] = 4
+    resumed = build(mesh, config)
+    restore(manager, 5, state, resumed)
+    assert_batches_equal(following[0], next(resumed))
+    resumed.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda text: text[: len(text) // 2], id="truncated"),
+        pytest.param(lambda text: "\x00garbage{", id="garbage"),
+        pytest.param(lambda text: json.dumps({"header": {}}), id="no-state"),
+        pytest.param(lambda text: "", id="empty"),
+    ],
+)
+def test_damaged_state_file_is_named_in_the_error(tmp_path, mesh, damage):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
+    path.write_text(damage(path.read_text()))
+    resumed = build(mesh)
+    with pytest.raises(xd.DataCheckpointError, match="corrupted or truncated") as error:
+        restore(manager, 5, state, resumed)
+    assert str(path) in str(error.value)
+    resumed.close()
+
+
+def test_unknown_header_version_is_refused(tmp_path, mesh):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
+    record = json.loads(path.read_text())
+    record["header"]["format_version"] = 99
+    path.write_text(json.dumps(record))
+    resumed = build(mesh)
+    with pytest.raises(xd.DataCheckpointError, match="format_version=99"):
+        restore(manager, 5, state, resumed)
+    resumed.close()
+
+
+def test_max_to_keep_prunes_model_and_data_together(tmp_path, mesh):
+    train = build(mesh)
+    options = ocp.CheckpointManagerOptions(max_to_keep=2)
+    manager = ocp.CheckpointManager(tmp_path / "ckpt", options=options)
+    for step in range(1, 6):
+        next(train)
+        save(manager, step, {"w": np.full(3, float(step))}, train)
+    manager.wait_until_finished()
+    steps = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert steps == ["4", "5"]
+    for step in steps:
+        items = {p.name for p in (tmp_path / "ckpt" / step).iterdir()}
+        assert {"model", "data"} <= items
+        assert (tmp_path / "ckpt" / step / "data" / state_file_name(0, 1)).exists()
+    manager.close()
+    train.close()
+
+
+def test_another_process_count_is_refused_naming_both_counts(tmp_path, mesh):
+    directory = tmp_path / "two_process_ckpt"
+    run_processes("save_checkpoint", 2, tmp_path, {"directory": str(directory), "steps": 3})
+    assert sorted(p.name for p in (directory / "3" / "data").glob("*.json")) == [
+        state_file_name(0, 2),
+        state_file_name(1, 2),
+    ]
+    resumed = build(mesh)
+    manager = ocp.CheckpointManager(directory)
+    with pytest.raises(xd.DataCheckpointError) as error:
+        restore(manager, 3, {"w": np.arange(4.0)}, resumed)
+    message = str(error.value)
+    assert "process_count=2" in message and "process_count=1" in message
+    assert resumed.step_counter == 0  # untouched, not silently restarted elsewhere
+    resumed.close()
+
+
+CRASH_DURING_SAVE = """
+import os, signal, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 4)
+import numpy as np, orbax.checkpoint as ocp
+sys.path.insert(0, {tests!r})
+from tests.mp_worker import checkpoint_data_config
+import xlstm_data as xd
+
+mesh = xd.create_mesh("dp:1,fsdp:-1,tp:1,sp:1")
+train, _ = xd.iterators_from_config(checkpoint_data_config(), mesh)
+manager = ocp.CheckpointManager({directory!r})
+big = {{"w": np.random.default_rng(0).normal(size=(2048, 1024))}}
+for step in (1, 2):
+    next(train)
+    manager.save(step, args=ocp.args.Composite(
+        model=ocp.args.StandardSave(big), data=xd.DataCheckpointSave(train)))
+    if step == 1:
+        manager.wait_until_finished()
+os.kill(os.getpid(), signal.SIGKILL)  # step 2 is still being written
+"""
+
+
+def test_crash_during_an_async_save_leaves_the_previous_step_restorable(tmp_path, mesh):
+    directory = tmp_path / "ckpt"
+    script = CRASH_DURING_SAVE.format(tests=str(REPO / "tests"), directory=str(directory))
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], env=env, timeout=120, capture_output=True
+    )
+    assert result.returncode == -9, result.stderr.decode()[-3000:]
+    manager = ocp.CheckpointManager(directory)
+    latest = manager.latest_step()
+    assert latest in (1, 2)
+    if (directory / "2.orbax-checkpoint-tmp").exists():  # the usual case: killed mid-write
+        assert manager.all_steps() == [1]
+    reference = build(mesh)
+    take(reference, latest)
+    expected = next(reference)
+    resumed = build(mesh)
+    restore(manager, latest, {"w": np.zeros((2048, 1024))}, resumed)
+    assert_batches_equal(expected, next(resumed))
+    resumed.close()
+    reference.close()

@@ -1,0 +1,146 @@
+"""End to end: a training run SIGKILLed mid-run resumes on exactly the next batch.
+
+Each run is `python -m trainer_hooks.train` in fresh processes. The killed
+run is started with a much larger `num_train_steps` so it is surely still
+running when it is killed at a random moment after its first checkpoint
+(possibly during an async save); it is then rerun to step 30. Nothing in the
+run depends on `num_train_steps` (constant learning rate after warm-up), so
+every logged step must match the uninterrupted run: the batch fingerprint
+(data position) and the loss (model state), bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.multiprocess import REPO, free_port
+
+CONFIG = REPO / "tests" / "train_config.py"
+STEPS = 30
+CHECKPOINT_EVERY = 4
+
+
+def launch(workdir: Path, num_processes: int, *flags: str) -> list[subprocess.Popen]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    port = free_port()
+    procs = []
+    for pid in range(num_processes):
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer_hooks.train",
+            f"--config={CONFIG}",
+            f"--workdir={workdir}",
+            "--cpu_devices=2",
+            *flags,
+        ]
+        if num_processes > 1:
+            cmd += [
+                f"--coordinator=127.0.0.1:{port}",
+                f"--num_processes={num_processes}",
+                f"--process_id={pid}",
+                "--initialization_timeout=60",
+            ]
+        log = workdir.parent / f"{workdir.name}_{pid}_{time.time_ns()}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc.log = log
+        procs.append(proc)
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> None:
+    for proc in procs:
+        code = proc.wait(timeout=timeout)
+        assert code == 0, f"exit {code}:\n{proc.log.read_text()[-4000:]}"
+
+
+def records(workdir: Path) -> list[dict]:
+    path = workdir / "batches.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def committed_steps(workdir: Path) -> list[int]:
+    directory = workdir / "checkpoints"
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def run_killed_then_resumed(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
+    """Kills a run at a random moment after its first checkpoint, then resumes it."""
+    workdir = tmp_path / "interrupted"
+    workdir.mkdir()
+    procs = launch(workdir, num_processes, "--config.num_train_steps=100000")
+    deadline = time.monotonic() + 180
+    kill_after = 12 + random.Random(seed).randint(0, 6)
+    while time.monotonic() < deadline:
+        done = records(workdir)
+        if committed_steps(workdir) and done and done[-1]["step"] >= kill_after:
+            break
+        assert all(p.poll() is None for p in procs), "the run ended before it was killed"
+        time.sleep(0.005)
+    time.sleep(random.Random(seed + 1).uniform(0, 0.05))
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+    for proc in procs:
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    killed_at = records(workdir)[-1]["step"]
+    assert killed_at < STEPS
+    wait_all(launch(workdir, num_processes))
+    return workdir, killed_at
+
+
+def check_resume_matches(reference: Path, resumed: Path, killed_at: int) -> None:
+    expected = {r["step"]: r for r in records(reference)}
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    got = records(resumed)
+    assert {r["step"] for r in got} == set(range(1, STEPS + 1))
+    restarts = [i for i in range(1, len(got)) if got[i]["step"] <= got[i - 1]["step"]]
+    assert len(restarts) == 1, "exactly one resume"
+    resumed_from = got[restarts[0]]["step"] - 1
+    assert resumed_from >= CHECKPOINT_EVERY and resumed_from % CHECKPOINT_EVERY == 0
+    assert resumed_from <= killed_at
+    for record in got:
+        want = expected[record["step"]]
+        assert (record["fingerprint"], record["batch_size"], record["loss"]) == (
+            want["fingerprint"],
+            want["batch_size"],
+            want["loss"],
+        ), f"step {record['step']} differs after resuming from step {resumed_from}"
+    # The ramp-up really changed the batch size within the run.
+    assert {expected[1]["batch_size"], expected[STEPS]["batch_size"]} == {4, 8}
+    assert committed_steps(resumed) == [28, 30]  # max_to_keep=2
+
+
+def uninterrupted(tmp_path: Path, num_processes: int) -> Path:
+    workdir = tmp_path / "reference"
+    workdir.mkdir()
+    wait_all(launch(workdir, num_processes))
+    return workdir
+
+
+def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path):
+    reference = uninterrupted(tmp_path, 1)
+    resumed, killed_at = run_killed_then_resumed(tmp_path, 1, seed=0)
+    check_resume_matches(reference, resumed, killed_at)
+    metrics = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert any("data/share/long" in m for m in metrics)
+    assert any("eval/held_out/loss" in m for m in metrics)
+
+
+def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path):
+    reference = uninterrupted(tmp_path, 2)
+    resumed, killed_at = run_killed_then_resumed(tmp_path, 2, seed=1)
+    check_resume_matches(reference, resumed, killed_at)
+    data_files = {p.name for p in (resumed / "checkpoints" / "30" / "data").glob("*.json")}
+    assert data_files == {"process_0-of-2.json", "process_1-of-2.json"}
