@@ -176,7 +176,49 @@ def scenario_save_checkpoint(params: dict) -> dict:
     return {"step": train.step_counter}
 
 
+def scenario_hooks(params: dict) -> dict:
+    """CheckpointHook with every_secs on disagreeing clocks; DataMetricsHook totals."""
+    import time
+
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax_loop_utils.metric_writers import MemoryWriter
+
+    import xlstm_data as xd
+    from trainer_hooks import CheckpointHook, DataMetricsHook, checkpoint_manager
+
+    mesh = build_mesh(params)
+    train, _ = xd.iterators_from_config(checkpoint_data_config(), mesh)
+    manager = checkpoint_manager(params["directory"], max_to_keep=None)
+    # Process 0's clock says a save is due at every step, process 1's never.
+    checkpoints = CheckpointHook(manager, lambda: {"w": np.arange(3.0)}, train, every_secs=5)
+    writer = MemoryWriter()
+    metrics = DataMetricsHook(writer, train, every_steps=3)
+    tokens = 0
+    saved = []
+    for step in range(1, 7):
+        batch = next(train)
+        mask = multihost_utils.process_allgather(batch.targets_segmentation, tiled=True)
+        tokens += int(np.count_nonzero(np.asarray(mask)))
+        clock = time.monotonic() + (10.0 * step if jax.process_index() == 0 else 0.0)
+        saved.append(bool(checkpoints(step, clock)))
+        metrics(step)
+    manager.wait_until_finished()
+    result = {
+        "saved": saved,
+        "steps": list(manager.all_steps()),
+        "global_tokens": tokens,
+        "tokens_seen": writer.scalars[6]["data/tokens_seen"],
+        "shares": [writer.scalars[6][f"data/share/{n}"] for n in ("a", "b")],
+    }
+    manager.close()
+    train.close()
+    return result
+
+
 SCENARIOS = {
+    "hooks": scenario_hooks,
     "save_checkpoint": scenario_save_checkpoint,
     "epoch": scenario_epoch,
     "rampup_resume": scenario_rampup_resume,

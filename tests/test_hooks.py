@@ -12,6 +12,7 @@ from jax_loop_utils.metric_writers import MemoryWriter
 
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy
+from tests.multiprocess import run_processes
 from trainer_hooks import (
     CheckpointHook,
     DataMetricsHook,
@@ -352,3 +353,15 @@ def test_a_resumed_runs_first_step_can_trigger(tmp_path, mesh):
     assert metrics(11) and metrics.latest["tokens_seen"] > 0
     train.close()
     manager.close()
+
+
+def test_hooks_agree_across_processes(tmp_path):
+    """2 real processes: saves follow process 0's clock; data totals cover both hosts."""
+    results = run_processes("hooks", 2, tmp_path, {"directory": str(tmp_path / "ckpt")})
+    for result in results:
+        assert result["saved"] == [True] * 6
+        assert result["steps"] == [1, 2, 3, 4, 5, 6]
+        # Counted over both data hosts, equal to the global batches' tokens.
+        assert result["tokens_seen"] == result["global_tokens"]
+        assert sum(result["shares"]) == pytest.approx(1.0)
+    assert results[0]["tokens_seen"] == results[1]["tokens_seen"]
