@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test install lint clean
+.PHONY: test install lint clean demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,22 @@ install: $(VENV)/.installed
 test: install
 	$(BIN)/python -m pytest -q tests
 
+DEMO_DIR ?= $(CURDIR)/demo_workdir
+DEMO_RUN = $(BIN)/python -m trainer_hooks.train --config=configs/demo.py --workdir=$(DEMO_DIR) --cpu_devices=2
+
+# Trains the demo (2-component mixture, 3-stage ramp-up) on the Python standard
+# library's own sources, pre-empts itself with SIGKILL at step 130, resumes from
+# the last checkpoint and checks that the replayed steps match bit for bit.
+demo: install
+	rm -rf $(DEMO_DIR)
+	$(DEMO_RUN) --simulate_preemption_at_step=130 || [ $$? -eq 137 ]
+	@echo "=== pre-empted (SIGKILL) after step 130; rerunning with the same workdir resumes ==="
+	$(DEMO_RUN)
+	$(BIN)/python -m trainer_hooks.batch_log $(DEMO_DIR)
+	@echo "checkpoints: $(DEMO_DIR)/checkpoints  metrics: $(DEMO_DIR)/metrics.jsonl  batches: $(DEMO_DIR)/batches.jsonl"
+
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info $(DEMO_DIR)

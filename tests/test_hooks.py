@@ -21,6 +21,7 @@ from trainer_hooks import (
     checkpoint_manager,
     restore_or_initialize,
 )
+from trainer_hooks.batch_log import replay_check
 
 MESH_AXES = "dp:1,fsdp:-1,tp:1,sp:1"
 
@@ -365,3 +366,11 @@ def test_hooks_agree_across_processes(tmp_path):
         assert result["tokens_seen"] == result["global_tokens"]
         assert sum(result["shares"]) == pytest.approx(1.0)
     assert results[0]["tokens_seen"] == results[1]["tokens_seen"]
+
+
+def test_replay_check_finds_mismatched_replayed_steps():
+    log = [{"step": s, "fingerprint": f"f{s}", "batch_size": 4, "loss": 1.0} for s in (1, 2, 3)]
+    resumed = [{"step": s, "fingerprint": f"f{s}", "batch_size": 4, "loss": 1.0} for s in (3, 4)]
+    assert replay_check(log + resumed) == {"resumes": [2], "replayed": 1, "mismatched": []}
+    resumed[0]["fingerprint"] = "other"
+    assert replay_check(log + resumed)["mismatched"] == [3]

@@ -56,10 +56,12 @@ def launch(workdir: Path, num_processes: int, *flags: str) -> list[subprocess.Po
     return procs
 
 
-def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> None:
+def wait_all(procs: list[subprocess.Popen], timeout: float = 180, expect: int = 0) -> str:
+    """Waits for the processes; returns process 0's output."""
     for proc in procs:
         code = proc.wait(timeout=timeout)
-        assert code == 0, f"exit {code}:\n{proc.log.read_text()[-4000:]}"
+        assert code == expect, f"exit {code}:\n{proc.log.read_text()[-4000:]}"
+    return procs[0].log.read_text()
 
 
 def records(workdir: Path) -> list[dict]:
@@ -136,6 +138,15 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path):
     metrics = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert any("data/share/long" in m for m in metrics)
     assert any("eval/held_out/loss" in m for m in metrics)
+
+    # Continuing with other mixture weights is refused, naming the keys...
+    more = ["--config.num_train_steps=34", "--config.data.train.long.weight=0.5"]
+    output = wait_all(launch(resumed, 1, *more), expect=1)
+    assert "data.train.long.weight: 0.7 -> 0.5" in output
+    assert records(resumed)[-1]["step"] == STEPS
+    # ...unless the change is allowed explicitly.
+    wait_all(launch(resumed, 1, *more, "--allow_data_config_change=data.train.*.weight"))
+    assert [r["step"] for r in records(resumed)[-4:]] == [31, 32, 33, 34]
 
 
 def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path):

@@ -64,3 +64,44 @@ def read_batch_log(path: epath.PathLike) -> list[dict[str, Any]]:
     """All records of a batch log, in the order written."""
     text = epath.Path(path).read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def replay_check(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compares the steps a resumed run replayed with what was logged before.
+
+    After a pre-emption the run resumes from its last checkpoint, so the steps
+    between that checkpoint and the kill are logged twice; an exact resume
+    logs identical fingerprints (and losses) for them.
+
+    Returns:
+      `{"resumes": [step resumed from, ...], "replayed": n, "mismatched": [step, ...]}`.
+    """
+    first: dict[int, dict[str, Any]] = {}
+    resumes, replayed, mismatched = [], 0, []
+    previous = 0
+    for record in records:
+        step = record["step"]
+        if step <= previous:
+            resumes.append(step - 1)
+        previous = step
+        if step in first:
+            replayed += 1
+            keys = ("fingerprint", "batch_size", "loss")
+            if any(first[step].get(k) != record.get(k) for k in keys):
+                mismatched.append(step)
+        else:
+            first[step] = record
+    return {"resumes": resumes, "replayed": replayed, "mismatched": mismatched}
+
+
+if __name__ == "__main__":
+    import sys
+
+    result = replay_check(read_batch_log(epath.Path(sys.argv[1]) / "batches.jsonl"))
+    for resumed_from in result["resumes"]:
+        print(f"resumed from the checkpoint at step {resumed_from}")
+    print(
+        f"{result['replayed']} replayed steps compared with the pre-emption run: "
+        + ("all identical" if not result["mismatched"] else f"MISMATCH at {result['mismatched']}")
+    )
+    sys.exit(1 if result["mismatched"] else 0)

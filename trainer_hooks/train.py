@@ -8,12 +8,14 @@ and a progress line, and a resume from the latest step when rerun with the
 same workdir. Every step's batch fingerprint goes to `WORKDIR/batches.jsonl`
 and the metrics to `WORKDIR/metrics.jsonl`, so a resumed run can be compared
 with an uninterrupted one. Several processes: pass `--coordinator`,
-`--num_processes` and `--process_id` (or set JAX's usual environment
-variables) on each.
+`--num_processes` and `--process_id` on each (or set `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), or `--distributed` on a cluster JAX
+detects by itself.
 """
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import signal
 import sys
@@ -41,6 +43,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and batch 
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Join a multi-process run detected by JAX (SLURM, MPI, k8s, TPU)."
+)
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "CPU devices per process (CPU runs).")
 _INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", 300, "Seconds to wait for peers.")
 _START_DATA_FRESH = flags.DEFINE_bool(
@@ -55,6 +60,9 @@ _PREEMPT_AT = flags.DEFINE_integer(
     "simulate_preemption_at_step",
     None,
     "SIGKILL this process right after this step (to try resuming).",
+)
+_VERBOSE = flags.DEFINE_bool(
+    "verbose", False, "Keep INFO logs of all libraries (default: only this run's own)."
 )
 _FINGERPRINTS = flags.DEFINE_bool(
     "fingerprints", True, "Log a per-step batch fingerprint to WORKDIR/batches.jsonl."
@@ -85,18 +93,40 @@ def _setting(config: Any, key: str) -> Any:
     return value
 
 
+class _OwnInfoOnly(std_logging.Filter):
+    """Drops INFO records from other libraries (orbax is chatty); keeps warnings."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if record.levelno >= std_logging.WARNING:
+            return True
+        return any(part in record.pathname for part in ("trainer_hooks", "xlstm_data"))
+
+
 def _start_processes() -> None:
+    """Joins the other processes, from flags, JAX_* variables or cluster detection."""
     if _CPU_DEVICES.value:
         jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-    if _COORDINATOR.value:
+    coordinator = _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    num_processes = _NUM_PROCESSES.value or _env_int("JAX_NUM_PROCESSES")
+    process_id = _PROCESS_ID.value if _PROCESS_ID.value is not None else _env_int("JAX_PROCESS_ID")
+    if coordinator or _DISTRIBUTED.value:
+        # Values left None are detected by JAX (SLURM, Open MPI, Kubernetes, TPU pods).
         jax.distributed.initialize(
-            coordinator_address=_COORDINATOR.value,
-            num_processes=_NUM_PROCESSES.value,
-            process_id=_PROCESS_ID.value,
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
             initialization_timeout=_INIT_TIMEOUT.value,
         )
-    elif "JAX_COORDINATOR_ADDRESS" in os.environ:
-        jax.distributed.initialize(initialization_timeout=_INIT_TIMEOUT.value)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise app.UsageError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def train(config: Any, workdir: str) -> dict[str, Any]:
@@ -242,6 +272,8 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None or not _WORKDIR.value:
         raise app.UsageError("--config and --workdir are required")
+    if not _VERBOSE.value:
+        logging.get_absl_handler().addFilter(_OwnInfoOnly())
     _start_processes()
     summary = train(_CONFIG.value, _WORKDIR.value)
     if jax.process_index() == 0:
