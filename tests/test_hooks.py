@@ -374,3 +374,14 @@ def test_replay_check_finds_mismatched_replayed_steps():
     assert replay_check(log + resumed) == {"resumes": [2], "replayed": 1, "mismatched": []}
     resumed[0]["fingerprint"] = "other"
     assert replay_check(log + resumed)["mismatched"] == [3]
+
+
+def test_train_config_typos_are_rejected_with_their_key():
+    from tests.test_config import load_config
+    from trainer_hooks.train import check_train_keys
+
+    config = load_config("demo")
+    check_train_keys(config)
+    config.checkpoint.every_step = 10
+    with pytest.raises(xd.DataConfigError, match=r"checkpoint\.every_step is unknown.*every_steps"):
+        check_train_keys(config)

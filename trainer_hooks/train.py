@@ -36,7 +36,7 @@ from trainer_hooks.data_metrics import DataMetricsHook
 from trainer_hooks.jsonl_writer import JsonlWriter
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
 from trainer_hooks.progress import ProgressHook
-from xlstm_data import create_mesh, data_sharding, iterators_from_config
+from xlstm_data import DataConfigError, create_mesh, data_sharding, iterators_from_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs/*.py file).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and batch log go here.")
@@ -79,6 +79,22 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "model": {"vocab_size": 258, "d_model": 64, "num_layers": 2, "num_heads": 4, "mlp_dim": 256},
     "checkpoint": {"every_steps": 50, "every_secs": None, "max_to_keep": 2},
 }
+
+
+def check_train_keys(config: Any) -> None:
+    """Rejects unknown keys outside `data` (a typo would otherwise use a default)."""
+    known = {**TRAIN_DEFAULTS, "mesh": {"axis_dims": None}, "data": None}
+
+    def check(section: Any, defaults: Mapping[str, Any], prefix: str) -> None:
+        for key, value in section.items():
+            if key not in defaults:
+                raise DataConfigError(
+                    f"config key {prefix}{key} is unknown; valid keys here: {sorted(defaults)}"
+                )
+            if isinstance(defaults[key], Mapping) and value is not None:
+                check(value, defaults[key], f"{prefix}{key}.")
+
+    check(config, known, "")
 
 
 def _setting(config: Any, key: str) -> Any:
@@ -131,6 +147,7 @@ def _env_int(name: str) -> int | None:
 
 def train(config: Any, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) the run in `workdir`; returns a short summary."""
+    check_train_keys(config)
     workdir_path = epath.Path(os.path.abspath(workdir))
     workdir_path.mkdir(parents=True, exist_ok=True)
     primary = jax.process_index() == 0
