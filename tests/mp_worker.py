@@ -192,7 +192,9 @@ def scenario_hooks(params: dict) -> dict:
     train, _ = xd.iterators_from_config(checkpoint_data_config(), mesh)
     manager = checkpoint_manager(params["directory"], max_to_keep=None)
     # Process 0's clock says a save is due at every step, process 1's never.
-    checkpoints = CheckpointHook(manager, lambda: {"w": np.arange(3.0)}, train, every_secs=5)
+    checkpoints = CheckpointHook(
+        manager, lambda: {"w": np.arange(3.0)}, train, every_secs=5, secs_check_every_steps=2
+    )
     writer = MemoryWriter()
     metrics = DataMetricsHook(writer, train, every_steps=3)
     tokens = 0
@@ -217,7 +219,38 @@ def scenario_hooks(params: dict) -> dict:
     return result
 
 
+def scenario_refusal_on_one_process(params: dict) -> dict:
+    """Process 1's data file is damaged: both processes must raise, none may hang."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from jax.experimental import multihost_utils
+
+    import xlstm_data as xd
+
+    scenario_save_checkpoint(params)
+    step_dir = f"{params['directory']}/{params.get('steps', 3)}/data"
+    if jax.process_index() == 1:
+        with open(f"{step_dir}/process_1-of-2.json", "w") as damaged:
+            damaged.write('{"header": ')
+    multihost_utils.sync_global_devices("damaged")
+    train, _ = xd.iterators_from_config(checkpoint_data_config(), build_mesh(params))
+    manager = ocp.CheckpointManager(params["directory"])
+    composite = ocp.args.Composite(
+        model=ocp.args.StandardRestore({"w": np.arange(4.0)}),
+        data=xd.DataCheckpointRestore(train),
+    )
+    try:
+        manager.restore(params.get("steps", 3), args=composite)
+        outcome = "restored"
+    except xd.DataCheckpointError as error:
+        outcome = str(error)
+    train.close()
+    return {"outcome": outcome}
+
+
 SCENARIOS = {
+    "refusal_on_one_process": scenario_refusal_on_one_process,
     "hooks": scenario_hooks,
     "save_checkpoint": scenario_save_checkpoint,
     "epoch": scenario_epoch,

@@ -256,3 +256,95 @@ def test_crash_during_an_async_save_leaves_the_previous_step_restorable(tmp_path
     assert_batches_equal(expected, next(resumed))
     resumed.close()
     reference.close()
+
+
+def test_a_single_pattern_string_allows_only_matching_keys(tmp_path, mesh):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["train"]["a"]["weight"] = 0.4
+    config["max_target_length"] = 64
+    resumed = build(mesh, config)
+    with pytest.raises(xd.DataCheckpointError, match="max_target_length"):
+        restore(manager, 5, state, resumed, allow_config_change="data.train.*.weight")
+    with pytest.raises(xd.DataConfigError, match="allow_config_change=5 is invalid"):
+        xd.DataCheckpointRestore(resumed, allow_config_change=5)
+    resumed.close()
+
+
+def test_reordered_datasets_resume_the_same_stream(tmp_path, mesh):
+    manager, state, following = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["train"] = dict(reversed(list(config["train"].items())))
+    resumed = build(mesh, config)
+    restore(manager, 5, state, resumed)
+    for expected, got in zip(following, take(resumed, 4), strict=True):
+        assert_batches_equal(expected, got)
+    resumed.close()
+
+
+def test_counters_continue_across_a_resume(tmp_path, mesh):
+    train = build(mesh)
+    take(train, 5)
+    saved = train.data_counters.to_state()
+    manager = ocp.CheckpointManager(tmp_path / "ckpt")
+    save(manager, 5, {"w": np.arange(4.0)}, train)
+    manager.wait_until_finished()
+    train.close()
+    resumed = build(mesh)
+    restore(manager, 5, {"w": np.arange(4.0)}, resumed)
+    assert resumed.data_counters.to_state() == saved
+    assert saved["tokens"] > 0 and set(saved["component_tokens"]) == {"a", "b"}
+    resumed.close()
+
+
+def test_files_newly_matched_by_a_path_glob_are_a_config_change(tmp_path, mesh):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"part{i}.txt").write_text("\n".join(f"doc {i}.{j} " * 5 for j in range(40)))
+    config = {
+        "train": {"text": {"kind": "text", "path": str(corpus / "*.txt")}},
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    train = build(mesh, config)
+    take(train, 2)
+    manager = ocp.CheckpointManager(tmp_path / "ckpt")
+    save(manager, 2, {"w": np.arange(4.0)}, train)
+    manager.wait_until_finished()
+    train.close()
+    (corpus / "part3.txt").write_text("a new document\n")
+    resumed = build(mesh, config)
+    with pytest.raises(xd.DataCheckpointError, match=r"data\.train\.text\.documents: 120 -> 121"):
+        restore(manager, 2, {"w": np.arange(4.0)}, resumed)
+    resumed.close()
+
+
+def test_start_data_fresh_gets_past_a_damaged_data_file(tmp_path, mesh):
+    from trainer_hooks import checkpoint_manager, restore_or_initialize, save_args
+
+    directory = tmp_path / "ckpt"
+    manager = checkpoint_manager(directory)
+    train = build(mesh)
+    take(train, 3)
+    manager.save(3, args=save_args({"w": np.arange(4.0) + 3}, train))
+    manager.wait_until_finished()
+    train.close()
+    (directory / "3" / "data" / state_file_name(0, 1)).write_text("{trunc")
+    fresh = build(mesh)
+    with pytest.raises(xd.DataCheckpointError, match="corrupted or truncated"):
+        restore_or_initialize(checkpoint_manager(directory), fresh, {"w": np.zeros(4)})
+    state, step = restore_or_initialize(
+        checkpoint_manager(directory), fresh, {"w": np.zeros(4)}, start_data_fresh=True
+    )
+    assert step == 3 and np.array_equal(state["w"], np.arange(4.0) + 3)
+    assert fresh.step_counter == 0
+    fresh.close()
+
+
+def test_a_refusal_on_one_process_is_raised_on_every_process(tmp_path):
+    params = {"directory": str(tmp_path / "ckpt"), "steps": 3}
+    first, second = run_processes("refusal_on_one_process", 2, tmp_path, params, timeout=90)
+    assert "corrupted or truncated" in second["outcome"]
+    assert "process_1-of-2.json" in second["outcome"]
+    assert "process(es) [1] refused" in first["outcome"]

@@ -60,7 +60,9 @@ class CheckpointHook(StepAnchoredAction):
 
     Call it after every training step with the number of steps done. With
     `every_secs` on several processes, process 0's clock decides for all, so
-    every process saves at the same step (a save is a collective).
+    every process saves at the same step (a save is a collective); the clock
+    is consulted only every `secs_check_every_steps` steps, since agreeing
+    is itself a collective that would otherwise stall every step.
 
     Args:
       manager: The orbax `CheckpointManager`.
@@ -70,6 +72,8 @@ class CheckpointHook(StepAnchoredAction):
       every_secs: Save when this long has passed since the last save.
       on_steps: Also save at these steps.
       start_step: Steps already done (the restored step) when the loop starts.
+      secs_check_every_steps: On several processes, how often (in steps) the
+        `every_secs` clock is agreed on.
     """
 
     def __init__(
@@ -82,19 +86,28 @@ class CheckpointHook(StepAnchoredAction):
         every_secs: float | None = None,
         on_steps: Iterable[int] | None = None,
         start_step: int = 0,
+        secs_check_every_steps: int = 10,
     ):
         super().__init__(
             every_steps=every_steps, every_secs=every_secs, on_steps=on_steps, start_step=start_step
         )
+        self.secs_check_every_steps = secs_check_every_steps
         self.manager = manager
         self.get_state = get_state
         self.iterator = iterator
 
     def _should_trigger(self, step: int, t: float) -> bool:
-        wanted = super()._should_trigger(step, t)
-        if self._every_secs is not None and jax.process_count() > 1:
-            wanted = bool(multihost_utils.broadcast_one_to_all(np.int32(wanted)))
-        return wanted
+        if self._every_secs is None or jax.process_count() == 1:
+            return super()._should_trigger(step, t)
+        by_steps = (self._every_steps is not None and step % self._every_steps == 0) or (
+            step in self._on_steps
+        )
+        if by_steps:
+            return True
+        if step % self.secs_check_every_steps:
+            return False
+        due = t - self._previous_time > self._every_secs
+        return bool(multihost_utils.broadcast_one_to_all(np.int32(due)))
 
     def _apply(self, step: int, t: float) -> None:
         del t

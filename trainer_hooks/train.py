@@ -98,14 +98,17 @@ def check_train_keys(config: Any) -> None:
 
 
 def _setting(config: Any, key: str) -> Any:
-    """`config.<key>` (dotted) or its default from `TRAIN_DEFAULTS`."""
+    """`config.<key>` (dotted), or its default from `TRAIN_DEFAULTS` when absent.
+
+    An explicit None is kept (e.g. `checkpoint.max_to_keep=None` keeps all).
+    """
     value: Any = config
     default: Any = TRAIN_DEFAULTS
     for part in key.split("."):
         default = default[part]
-        value = value.get(part) if isinstance(value, Mapping) or hasattr(value, "get") else None
-        if value is None:
+        if value is None or part not in value:
             return default
+        value = value[part]
     return value
 
 
@@ -228,7 +231,9 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
             tokens = sum(float(t["tokens"]) for t in totals)
             writer.write_scalars(step, {f"eval/{name}/loss": loss_sum / max(tokens, 1.0)})
 
-    eval_every = int(_setting(config, "eval_every_steps"))
+    eval_every = int(_setting(config, "eval_every_steps") or 0)
+    if start_step >= num_steps:
+        logging.warning("the checkpoint is at step %d >= num_train_steps=%d", start_step, num_steps)
     pending: tuple[int, dict[str, Any], str | None, int] | None = None
     for step in range(start_step + 1, num_steps + 1):
         batch = next(train_iter)
@@ -248,13 +253,15 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
             os.kill(os.getpid(), signal.SIGKILL)
     if pending is not None:
         _log_step(batch_log, writer, *pending, log_every)
-    checkpoint_hook.finish(num_steps)
-    if eval_iters:
-        evaluate(num_steps)
+    if start_step < num_steps:
+        checkpoint_hook.finish(num_steps)
+        if eval_iters and not (eval_every and num_steps % eval_every == 0):
+            evaluate(num_steps)
     writer.flush()
     batch_log.close()
     manager.close()
-    train_iter.close()
+    for iterator in (train_iter, *eval_iters.values()):
+        iterator.close()
     return {
         "resumed_from_step": start_step,
         "final_step": num_steps,

@@ -26,12 +26,15 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
-from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.errors import DataCheckpointError
 from xlstm_data.fingerprint import (
+    allowed_patterns,
     config_changes,
     disallowed_changes,
     fingerprint,
@@ -55,7 +58,9 @@ def _grain_version() -> str:
 
 def _flat_config(iterator: Any, data_config: Any) -> dict[str, Any] | None:
     config = data_config if data_config is not None else getattr(iterator, "data_config", None)
-    return None if config is None else flat_data_config(config)
+    if config is None:
+        return None
+    return flat_data_config(config, getattr(iterator, "source_documents", None))
 
 
 class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
@@ -94,8 +99,33 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         (epath.Path(directory) / name).write_text(json.dumps(record))
 
     def restore(self, directory: epath.Path, args: DataCheckpointRestore) -> dict[str, Any]:
-        """Sets the iterator to the saved position; returns the saved header."""
+        """Sets the iterator to the saved position; returns the saved header.
+
+        On several processes, all of them agree before returning: if any
+        process refuses, every process raises, instead of the others waiting
+        at orbax's next barrier until it times out.
+        """
         directory = epath.Path(directory)
+        layout = args.iterator.layout
+        error: DataCheckpointError | None = None
+        header: dict[str, Any] = {}
+        try:
+            header = self._restore_here(directory, args)
+        except DataCheckpointError as refusal:
+            error = refusal
+        if layout.process_count > 1:
+            failed = multihost_utils.process_allgather(np.int32(error is not None))
+            refused = [int(i) for i in np.flatnonzero(np.asarray(failed))]
+            if refused and error is None:
+                error = DataCheckpointError(
+                    f"process(es) {refused} refused to restore the data position from "
+                    f"{directory} (this process's state was fine); see their error"
+                )
+        if error is not None:
+            raise error
+        return header
+
+    def _restore_here(self, directory: epath.Path, args: DataCheckpointRestore) -> dict[str, Any]:
         layout = args.iterator.layout
         path = directory / state_file_name(layout.process_index, layout.process_count)
         if not path.exists():
@@ -113,8 +143,6 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             )
         try:
             args.iterator.set_state(state)
-        except DataConfigError:
-            raise
         except Exception as error:
             raise DataCheckpointError(
                 f"the data state in {path} (data step {header.get('step')}, grain "
@@ -125,12 +153,9 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         return header
 
     def metadata(self, directory: epath.Path) -> dict[str, Any] | None:
-        """Headers of all processes' files, by file name (None if there are none)."""
-        directory = epath.Path(directory)
-        headers = {}
-        for path in sorted(directory.glob("process_*-of-*.json")):
-            headers[path.name] = _read_record(path)[0]
-        return headers or None
+        """The per-process state files present (not parsed, so it never fails on them)."""
+        names = sorted(p.name for p in epath.Path(directory).glob("process_*-of-*.json"))
+        return {"state_files": names} if names else None
 
     def finalize(self, directory: epath.Path) -> None:
         del directory
@@ -170,8 +195,11 @@ class DataCheckpointRestore(ocp.args.CheckpointArgs):
     """
 
     iterator: Any
-    allow_config_change: bool | Iterable[str] = False
+    allow_config_change: bool | str | Iterable[str] = False
     data_config: Any = None
+
+    def __post_init__(self):
+        allowed_patterns(self.allow_config_change)  # refuses a bad value up front
 
 
 def _read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -204,7 +232,9 @@ def _missing_file_error(
             f"the data position in {directory} was saved by process_count="
             f"{', '.join(map(str, saved_counts))} processes but this run has process_count="
             f"{process_count}; resuming would silently restart or skip data. Resume with "
-            f"{saved_counts[0]} processes, or start the data fresh deliberately"
+            f"{saved_counts[0]} processes, or restore the model only and restart the data "
+            "stream deliberately (restore_or_initialize(..., start_data_fresh=True); "
+            "trainer_hooks.train: --start_data_fresh)"
         )
     return DataCheckpointError(
         f"data-state file {path} is missing from the checkpoint (found "
@@ -231,7 +261,7 @@ def _check_config(
     path: epath.Path,
     saved: Mapping[str, Any] | None,
     current: Mapping[str, Any] | None,
-    allowed: bool | Iterable[str],
+    allowed: bool | str | Iterable[str],
 ) -> None:
     if saved is None or current is None:
         if saved != current:

@@ -48,10 +48,11 @@ def count_batch(
         return None
     per_row = np.count_nonzero(np.asarray(mask).reshape(mask.shape[0], -1), axis=1)
     per_component = np.zeros(max(component_count, 1), dtype=np.int64)
-    if component_ids is None:
+    if component_ids is None or component_count <= 1:
         per_component[0] = per_row.sum()
     else:
-        np.add.at(per_component, np.asarray(component_ids, dtype=np.int64), per_row)
+        ids = np.clip(np.asarray(component_ids, dtype=np.int64), 0, component_count - 1)
+        np.add.at(per_component, ids, per_row)
     return BatchCounts(
         tokens=int(per_row.sum()),
         slots=int(np.asarray(mask).size),
@@ -92,6 +93,32 @@ class DataCounters:
             self.slots += counts.slots
             self.rows += counts.rows
             self.component_tokens = self.component_tokens + counts.component_tokens
+
+    def _names(self) -> Sequence[str]:
+        return tuple(self.component_names) or ("all",)
+
+    def to_state(self) -> dict[str, object]:
+        """A JSON-able copy, saved with the iterator's position."""
+        return {
+            "batches": self.batches,
+            "tokens": self.tokens,
+            "slots": self.slots,
+            "rows": self.rows,
+            "wait_secs": self.wait_secs,
+            "component_tokens": dict(
+                zip(self._names(), self.component_tokens.tolist(), strict=True)
+            ),
+        }
+
+    def set_state(self, state: Mapping[str, object]) -> None:
+        """Continues counting from a `to_state()` copy (components matched by name)."""
+        self.batches = int(state["batches"])
+        self.tokens = int(state["tokens"])
+        self.slots = int(state["slots"])
+        self.rows = int(state["rows"])
+        self.wait_secs = float(state["wait_secs"])
+        saved = dict(state["component_tokens"])
+        self.component_tokens = np.array([int(saved.get(n, 0)) for n in self._names()])
 
     def as_vector(self) -> np.ndarray:
         """`[batches, tokens, slots, rows, wait_secs, *component_tokens]` as float64."""

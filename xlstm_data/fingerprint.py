@@ -17,16 +17,28 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from xlstm_data.config import validate_data_config
+from xlstm_data.errors import DataConfigError
 
 #: Data keys that do not affect the training stream's content or order.
-KEYS_OUTSIDE_FINGERPRINT = ("eval", "eval_global_batch_size", "prefetch")
+KEYS_OUTSIDE_FINGERPRINT = ("eval", "eval_global_batch_size", "prefetch", "worker_buffer_size")
 
 
-def flat_data_config(data_config: Any) -> dict[str, Any]:
-    """The training-relevant data config as `{"data.<key>...": value}`."""
+def flat_data_config(
+    data_config: Any, source_documents: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The training-relevant data config as `{"data.<key>...": value}`.
+
+    Args:
+      data_config: The data section (anything `validate_data_config` takes).
+      source_documents: Documents found per train dataset, recorded as
+        `data.train.<name>.documents` so a path glob that now matches other
+        files shows up as a change.
+    """
     config = validate_data_config(data_config).to_json_dict()
     for key in KEYS_OUTSIDE_FINGERPRINT:
         config.pop(key, None)
+    for name, count in (source_documents or {}).items():
+        config["train"][name]["documents"] = int(count)
     return dict(_flatten("data", json.loads(json.dumps(config))))
 
 
@@ -52,12 +64,12 @@ def config_changes(
 
 
 def disallowed_changes(
-    changes: Iterable[tuple[str, Any, Any]], allowed: bool | Iterable[str]
+    changes: Iterable[tuple[str, Any, Any]], allowed: bool | str | Iterable[str]
 ) -> list[tuple[str, Any, Any]]:
     """The changes not covered by `allowed` (True, or glob patterns of keys)."""
     if allowed is True:
         return []
-    patterns = [] if allowed is False else list(allowed)
+    patterns = allowed_patterns(allowed)
     return [
         change
         for change in changes
@@ -65,6 +77,24 @@ def disallowed_changes(
             fnmatch.fnmatchcase(change[0], p) or change[0].startswith(p + ".") for p in patterns
         )
     ]
+
+
+def allowed_patterns(allowed: bool | str | Iterable[str]) -> list[str]:
+    """Normalises `allow_config_change` to a list of key patterns."""
+    if allowed is False or allowed is None:
+        return []
+    if isinstance(allowed, str):
+        return [allowed]
+    try:
+        patterns = list(allowed)
+    except TypeError:
+        patterns = None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
+        raise DataConfigError(
+            f"allow_config_change={allowed!r} is invalid; expected True, False, a key pattern "
+            'such as "data.train.*.weight", or a list of them'
+        )
+    return patterns
 
 
 def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:

@@ -7,6 +7,7 @@ then are sources opened.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from jax.sharding import Mesh
@@ -55,7 +56,7 @@ def iterators_from_config(
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     mixed = [s for s in cfg.train if s.weight > 0]
     components, lengths, sources = {}, [], []
-    for index, spec in enumerate(mixed):
+    for spec in mixed:
         source = spec.build()
         sources.append(source)
         lengths.append(len(source))
@@ -66,7 +67,7 @@ def iterators_from_config(
             cfg.global_batch_size,
             cfg.max_target_length,
             cfg.shuffle,
-            cfg.data_shuffle_seed + index,
+            component_seed(cfg.data_shuffle_seed, spec.name),
             num_epochs=cfg.num_epochs if len(mixed) == 1 else None,
             grain_packing=cfg.packing,
             grain_packing_bin_count=cfg.packing_bin_count,
@@ -88,6 +89,7 @@ def iterators_from_config(
         prefetch=cfg.prefetch,
     )
     train.data_config = cfg
+    train.source_documents = dict(zip([spec.name for spec in mixed], lengths, strict=True))
     if cfg.num_epochs is not None and len(mixed) == 1:
         _set_epoch_length(
             train, sources[0], cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder
@@ -121,6 +123,16 @@ def iterators_from_config(
             iterator, eval_sources[name], cfg, 1, iterator.batch_schedule, drop_remainder=False
         )
     return train, evals
+
+
+def component_seed(data_shuffle_seed: int, name: str) -> int:
+    """The shuffle seed of a named train dataset.
+
+    Derived from the name, not the position, so reordering the datasets or
+    setting another one's weight to 0 leaves each dataset's order unchanged
+    (a resume with new weights continues every dataset where it was).
+    """
+    return (data_shuffle_seed + zlib.crc32(name.encode())) % 2**31
 
 
 def _set_epoch_length(

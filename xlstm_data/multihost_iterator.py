@@ -133,8 +133,11 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         #: The data config this iterator was built from (fingerprinted in checkpoints).
         self.data_config: Any = None
         self.component_names = tuple(component_names)
-        #: What was handed out so far (tokens, padding, per component, wait time).
+        #: What was handed out so far (tokens, padding, per component, wait time);
+        #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
+        #: Documents found per train dataset (fingerprinted in checkpoints).
+        self.source_documents: Mapping[str, int] | None = None
         self.layout = data_host_layout(global_mesh)
         self.sharding = data_sharding(global_mesh)
         if sync_end is None:
@@ -393,6 +396,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             "process_index": self.layout.process_index,
             "process_count": self.layout.process_count,
             "iterator": self._state_of_last,
+            "data_counters": self.data_counters.to_state(),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -415,6 +419,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
                     "process layout (it would silently restart or skip data)"
                 )
         self._restart(state)
+        if state.get("data_counters") is not None:
+            self.data_counters.set_state(state["data_counters"])
         self.state_set = True
 
     def save(self, filename: epath.PathLike) -> None:

@@ -3,12 +3,18 @@
 A producer thread calls `produce()` until it raises StopIteration, keeping at
 most `depth` results ahead of the consumer. Errors in the thread are re-raised
 in the consumer at the position where they happened, never swallowed.
+
+Threads still running at interpreter exit are stopped by an `atexit` hook:
+a daemon thread frozen inside XLA's native code during finalisation aborts
+the process, so an iterator the caller forgot to close must not do that.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -18,6 +24,15 @@ T = TypeVar("T")
 class _Failure:
     def __init__(self, error: BaseException):
         self.error = error
+
+
+_running: weakref.WeakSet[BackgroundPrefetcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for prefetcher in list(_running):
+        prefetcher.stop()
 
 
 class BackgroundPrefetcher(Generic[T]):
@@ -40,6 +55,7 @@ class BackgroundPrefetcher(Generic[T]):
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     def _run(self) -> None:
         while True:
@@ -112,4 +128,6 @@ class BackgroundPrefetcher(Generic[T]):
             self._stopping = True
             self._buffer.clear()
             self._cond.notify_all()
-        self._thread.join()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        _running.discard(self)
