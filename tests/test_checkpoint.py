@@ -348,3 +348,25 @@ def test_a_refusal_on_one_process_is_raised_on_every_process(tmp_path):
     assert "corrupted or truncated" in second["outcome"]
     assert "process_1-of-2.json" in second["outcome"]
     assert "process(es) [1] refused" in first["outcome"]
+
+
+def test_allowing_every_change_admits_a_new_dataset(tmp_path, mesh):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["train"]["c"] = {"kind": "synthetic", "num_documents": 50, "seed": 7, "weight": 0.5}
+    resumed = build(mesh, config)
+    restore(manager, 5, state, resumed, allow_config_change=True)
+    take(resumed, 30)
+    assert resumed.data_counters.component_tokens[2] > 0  # the new dataset is mixed in
+    resumed.close()
+
+
+def test_a_weight_set_to_zero_is_refused_with_the_reason(tmp_path, mesh):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    config = checkpoint_data_config()
+    config["train"]["b"]["weight"] = 0.0
+    resumed = build(mesh, config)
+    with pytest.raises(xd.DataCheckpointError, match="weight became 0 is removed") as error:
+        restore(manager, 5, state, resumed, allow_config_change=True)
+    assert "data.train.b.weight" in str(error.value)
+    resumed.close()

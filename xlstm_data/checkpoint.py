@@ -133,7 +133,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         header, state = _read_record(path)
         _check_header(path, header, layout)
         current = _flat_config(args.iterator, args.data_config)
-        _check_config(path, header.get("data_config"), current, args.allow_config_change)
+        changed = _check_config(path, header.get("data_config"), current, args.allow_config_change)
         if header.get("grain_version") != _grain_version():
             logging.warning(
                 "data state in %s was written with grain %s; this run has grain %s",
@@ -144,10 +144,17 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         try:
             args.iterator.set_state(state)
         except Exception as error:
+            hint = ""
+            if changed:
+                hint = (
+                    f"; the allowed config changes ({', '.join(changed)}) change the pipeline's "
+                    "structure (a dataset whose weight became 0 is removed from the mix), "
+                    "which a saved position cannot carry over"
+                )
             raise DataCheckpointError(
                 f"the data state in {path} (data step {header.get('step')}, grain "
                 f"{header.get('grain_version')}) could not be applied to this run's pipeline "
-                f"(grain {_grain_version()}): {type(error).__name__}: {error}"
+                f"(grain {_grain_version()}): {type(error).__name__}: {error}{hint}"
             ) from error
         logging.info("restored data position at data step %s from %s", header.get("step"), path)
         return header
@@ -262,7 +269,8 @@ def _check_config(
     saved: Mapping[str, Any] | None,
     current: Mapping[str, Any] | None,
     allowed: bool | str | Iterable[str],
-) -> None:
+) -> list[str]:
+    """Refuses disallowed changes; returns the keys of the allowed ones."""
     if saved is None or current is None:
         if saved != current:
             logging.warning(
@@ -270,7 +278,7 @@ def _check_config(
                 path,
                 "saved" if saved is not None else "current",
             )
-        return
+        return []
     changes = config_changes(saved, current)
     refused = disallowed_changes(changes, allowed)
     if refused:
@@ -283,3 +291,4 @@ def _check_config(
         )
     for key, old, new in changes:
         logging.warning("resuming with an allowed data config change: %s: %r -> %r", key, old, new)
+    return [key for key, _, _ in changes]

@@ -80,7 +80,9 @@ def disallowed_changes(
 
 
 def allowed_patterns(allowed: bool | str | Iterable[str]) -> list[str]:
-    """Normalises `allow_config_change` to a list of key patterns."""
+    """Normalises `allow_config_change` to a list of key patterns (True: all)."""
+    if allowed is True:
+        return ["*"]
     if allowed is False or allowed is None:
         return []
     if isinstance(allowed, str):
