@@ -149,10 +149,11 @@ def _set_epoch_length(
     with a `lengths()` method (synthetic, prepared shards) provide; otherwise
     the length stays unknown and the iterator runs to the data's real end.
     """
-    if not hasattr(source, "lengths"):
+    lengths = source.lengths() if hasattr(source, "lengths") else None
+    if lengths is None:
         return
     length = epoch_length(
-        source.lengths(),
+        lengths,
         num_epochs,
         cfg.max_target_length,
         schedule,

@@ -36,6 +36,7 @@ import numpy as np
 from absl import logging
 
 from xlstm_data.checks import check_int
+from xlstm_data.corpus_index import prepared_lengths
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.tokenizers import Tokenizer, get_tokenizer
 
@@ -327,6 +328,15 @@ class ArrayRecordSource(TokenSource):
 
     def __len__(self) -> int:
         return self._num_records
+
+    def lengths(self) -> np.ndarray | None:
+        """Every document's token count from the `xlstm-data prepare` index, without
+        reading the records; None when the files are not a prepared, token-format corpus.
+        """
+        if self._record_format != "tokens":
+            return None
+        counts = np.diff([0, *self._ends]).tolist()
+        return prepared_lengths(self._files, counts)
 
     def locate(self, index: int) -> tuple[str, int]:
         """Maps a global record index to (file path, record index in that file).

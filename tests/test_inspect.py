@@ -1,0 +1,54 @@
+"""`xlstm-data inspect` on every shipped config, and its errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xlstm_data.cli import main as cli_main
+from xlstm_data.inspect_config import inspect_config
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_inspect_runs_on_every_config_and_writes_its_png(config, tmp_path, capsys):
+    png = tmp_path / "plan.png"
+    # 4 CPU devices, as conftest.py gives every in-process test.
+    argv = ["inspect", f"--config={config}", f"--png={png}", "--steps=12", "--cpu_devices=4"]
+    code = cli_main(argv)
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, captured.err
+    assert png.read_bytes().startswith(b"\x89PNG")
+    for expected in ("train sources:", "expected share", "ramp-up", "epoch length", "sample row"):
+        assert expected in out
+
+
+def test_plan_matches_the_config(tmp_path):
+    import io
+
+    config = CONFIGS[[p.stem for p in CONFIGS].index("demo")]
+    overrides = ["data.train.code.max_files=10", "data.train.prose.max_files=10"]
+    plan = inspect_config(
+        str(config),
+        png=str(tmp_path / "p.png"),
+        overrides=overrides,
+        plot_steps=8,
+        out=io.StringIO(),
+    )
+    assert [s["name"] for s in plan["sources"]] == ["code", "prose"]
+    assert [round(s["expected_share"], 3) for s in plan["sources"]] == [0.7, 0.3]
+    assert [s["global_batch_size"] for s in plan["stages"]] == [4, 8, 16]
+    assert plan["stages"][0]["tokens_per_step"] == 4 * 128
+    assert 0 <= plan["padding_fraction"] < 0.2
+    assert sum(plan["measured_shares"].values()) == pytest.approx(1.0)
+
+
+def test_bad_override_and_missing_config_are_named(tmp_path, capsys):
+    assert cli_main(["inspect", f"--config={tmp_path / 'none.py'}"]) == 2
+    assert "none.py" in capsys.readouterr().err
+    config = CONFIGS[0]
+    assert cli_main(["inspect", f"--config={config}", "--override=nokey.deeper=1"]) == 2
+    assert "'nokey' is not in the config" in capsys.readouterr().err

@@ -1,0 +1,269 @@
+"""What a config will do, shown before a long run is launched.
+
+`xlstm-data inspect --config=...` prints the plan (each train source with
+its documents, tokens and expected share; the ramp-up stages with per-host
+batch sizes; examples and tokens per step; the epoch length and whether it
+is exact), decodes one real batch with document boundaries marked, and
+plots batch size, cumulative tokens and per-component token shares over the
+first steps of the real pipeline. Mistakes in weights, ramp-up or packing
+show up here in seconds instead of hours into a run.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from xlstm_data.config import validate_data_config
+from xlstm_data.errors import DataConfigError
+from xlstm_data.from_config import iterators_from_config
+from xlstm_data.mesh import create_mesh
+from xlstm_data.rampup import BatchSizeSchedule
+from xlstm_data.tokenizers import get_tokenizer
+
+#: Sources with more documents than this are measured on a sample.
+FULL_COUNT_LIMIT = 20_000
+SAMPLE_SIZE = 2_000
+SEGMENT_MARK = " ‖ "
+
+
+def load_config(path: str, overrides: Sequence[str] = ()) -> Any:
+    """Runs `get_config()` of a config file and applies `KEY=VALUE` overrides."""
+    if not os.path.isfile(path):
+        raise DataConfigError(f"--config={path!r} is not a file; pass a configs/*.py file")
+    spec = importlib.util.spec_from_file_location("inspected_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise DataConfigError(f"--config={path!r} has no get_config() function")
+    config = module.get_config()
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep:
+            raise DataConfigError(f"--override={override!r} is invalid; expected KEY=VALUE")
+        *parents, leaf = key.split(".")
+        section = config
+        for part in parents:
+            if part not in section:
+                raise DataConfigError(f"--override key {key!r}: {part!r} is not in the config")
+            section = section[part]
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        section[leaf] = value
+    return config
+
+
+def smallest_device_count(config: Any) -> int:
+    """Devices the config's mesh needs at least (its fixed axis sizes; -1 counts as 1)."""
+    dims = config.get("mesh", {}).get("axis_dims", "dp:1,fsdp:-1,tp:1,sp:1")
+    if isinstance(dims, str):
+        sizes = [int(part.split(":")[1]) for part in dims.split(",") if ":" in part]
+    else:
+        sizes = [int(d) for d in dims]
+    return int(np.prod([max(size, 1) for size in sizes]))
+
+
+def _source_counts(source: Any) -> tuple[int, int, bool]:
+    """(documents, tokens, exact) of a source; tokens estimated on a sample if large."""
+    documents = len(source)
+    lengths = source.lengths() if hasattr(source, "lengths") else None
+    if lengths is not None:
+        return documents, int(np.sum(lengths)), True
+    if documents <= FULL_COUNT_LIMIT:
+        return documents, sum(len(source[i]["tokens"]) for i in range(documents)), True
+    picks = np.random.default_rng(0).choice(documents, SAMPLE_SIZE, replace=False)
+    mean = float(np.mean([len(source[int(i)]["tokens"]) for i in picks]))
+    return documents, int(mean * documents), False
+
+
+def _decoded_row(batch: Any, tokenizer: Any) -> str:
+    inputs = np.asarray(batch.inputs)[0]
+    segments = np.asarray(batch.inputs_segmentation)[0]
+    parts = []
+    for segment in [s for s in dict.fromkeys(segments.tolist()) if s != 0]:
+        tokens = inputs[segments == segment]
+        parts.append(tokenizer.decode(tokens.tolist()).replace("\n", "⏎"))
+    padding = int(np.count_nonzero(segments == 0))
+    return SEGMENT_MARK.join(parts) + (f"{SEGMENT_MARK}<{padding} padding>" if padding else "")
+
+
+def inspect_config(
+    config_path: str,
+    *,
+    png: str | None = None,
+    overrides: Sequence[str] = (),
+    plot_steps: int | None = None,
+    out: TextIO,
+) -> dict[str, Any]:
+    """Prints the data plan of a config, a decoded sample batch, and plots the first steps.
+
+    Args:
+      config_path: A config file with `get_config()`.
+      png: Where to write the plot (default: next to the config, `<name>.inspect.png`
+        in the current directory).
+      overrides: `KEY=VALUE` strings applied to the config first.
+      plot_steps: Steps of the real pipeline to plot (default: the run's
+        `num_train_steps`, at most 300).
+      out: Where the plan is printed.
+
+    Returns:
+      The plan as a dict (also what was printed).
+    """
+    config = load_config(config_path, overrides)
+    data = validate_data_config(config)
+    mesh_dims = config.get("mesh", {}).get("axis_dims", "dp:1,fsdp:-1,tp:1,sp:1")
+    mesh = create_mesh(mesh_dims)
+    train, evals = iterators_from_config(config, mesh)
+    layout = train.layout
+    weights = data.weights
+    plan: dict[str, Any] = {"config": config_path, "sources": [], "stages": []}
+    print(f"config {config_path}: mesh {mesh_dims} {dict(mesh.shape)}", file=out)
+    print(
+        f"data-loading hosts: {layout.host_count} (this is host {layout.host_index}), "
+        f"data-parallel size {layout.data_parallel_size}",
+        file=out,
+    )
+    print("\ntrain sources:", file=out)
+    for spec in data.train:
+        documents, tokens, exact = _source_counts(spec.build())
+        share = weights.get(spec.name, 0.0)
+        plan["sources"].append(
+            {
+                "name": spec.name,
+                "kind": spec.kind,
+                "documents": documents,
+                "tokens": tokens,
+                "tokens_exact": exact,
+                "expected_share": share,
+            }
+        )
+        approx = "" if exact else "~"
+        print(
+            f"  {spec.name:<16} {spec.kind:<14} {documents:>10,} documents "
+            f"{approx}{tokens:>14,} tokens   expected share {share:6.1%}",
+            file=out,
+        )
+    schedule: BatchSizeSchedule = train.batch_schedule
+    length = data.max_target_length
+    print(f"\nramp-up (rows of {length} tokens):", file=out)
+    for stage in schedule.stages():
+        end = "end" if stage.end_step is None else stage.end_step
+        plan["stages"].append(
+            {
+                "start_step": stage.start_step,
+                "end_step": stage.end_step,
+                "global_batch_size": stage.global_batch_size,
+                "host_batch_size": stage.host_batch_size,
+                "tokens_per_step": stage.global_batch_size * length,
+            }
+        )
+        print(
+            f"  steps {stage.start_step:>7} - {end!s:<7} factor {stage.factor:<5g} "
+            f"global batch {stage.global_batch_size:>5} ({stage.host_batch_size} per host)  "
+            f"{stage.global_batch_size:>5} examples, {stage.global_batch_size * length:>8,} "
+            "token slots per step",
+            file=out,
+        )
+    epoch = train.epoch_length
+    if epoch is not None:
+        kind = "exact" if epoch.exact else "estimate (packing), the run ends at the data's end"
+        print(f"\nepoch length: {epoch.steps:,} steps ({kind})", file=out)
+    elif data.num_epochs is None:
+        print("\nepoch length: unbounded (datasets repeat; num_train_steps ends the run)", file=out)
+    else:
+        print(
+            "\nepoch length: unknown without reading (prepare the data for an exact count)",
+            file=out,
+        )
+    plan["epoch_length"] = None if epoch is None else {"steps": epoch.steps, "exact": epoch.exact}
+    if evals:
+        print(f"eval sets: {', '.join(evals)}", file=out)
+
+    tokenizer = get_tokenizer(dict(data.train[0].options).get("tokenizer", "byte"))
+    steps = plot_steps or min(int(config.get("num_train_steps", 100) or 100), 300)
+    history = _run_steps(train, steps)
+    first = history.pop("first_batch")
+    print(f"\nsample row (documents separated by '{SEGMENT_MARK.strip()}'):", file=out)
+    print("  " + _decoded_row(first, tokenizer)[:2000], file=out)
+    padding = 1 - history["tokens"].sum() / history["slots"].sum()
+    print(
+        f"\nfirst {steps} steps: padding {padding:.2%}; token shares "
+        + ", ".join(f"{n} {history['component_share'][n]:.1%}" for n in history["names"]),
+        file=out,
+    )
+    png = png or os.path.splitext(os.path.basename(config_path))[0] + ".inspect.png"
+    _plot(history, png, config_path)
+    print(f"plot: {png}", file=out)
+    plan.update(
+        png=png, padding_fraction=float(padding), measured_shares=history["component_share"]
+    )
+    train.close()
+    for iterator in evals.values():
+        iterator.close()
+    return plan
+
+
+def _run_steps(train: Any, steps: int) -> dict[str, Any]:
+    names = train.component_names or ("all",)
+    batch_sizes, tokens, slots, per_component = [], [], [], []
+    first = None
+    for _ in range(steps):
+        try:
+            batch = next(train)
+        except StopIteration:
+            break
+        first = first if first is not None else batch
+        counters = train.data_counters
+        batch_sizes.append(int(batch.inputs.shape[0]))
+        tokens.append(counters.tokens)
+        slots.append(counters.slots)
+        per_component.append(counters.component_tokens.copy())
+    tokens_arr = np.diff([0, *tokens])
+    slots_arr = np.diff([0, *slots])
+    cumulative = np.asarray(per_component, dtype=float)
+    total = cumulative[-1].sum() if len(cumulative) else 0.0
+    return {
+        "first_batch": first,
+        "names": names,
+        "batch_size": np.asarray(batch_sizes),
+        "tokens": tokens_arr,
+        "slots": slots_arr,
+        "cumulative_component_tokens": cumulative,
+        "component_share": {
+            n: float(cumulative[-1][i] / total) if total else 0.0 for i, n in enumerate(names)
+        },
+    }
+
+
+def _plot(history: dict[str, Any], png: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    steps = np.arange(1, len(history["batch_size"]) + 1)
+    figure, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    axes[0].step(steps, history["batch_size"], where="post")
+    axes[0].set_ylabel("global batch size")
+    axes[1].plot(steps, np.cumsum(history["tokens"]), label="tokens")
+    axes[1].plot(steps, np.cumsum(history["slots"]), "--", label="token slots (with padding)")
+    axes[1].set_ylabel("cumulative tokens")
+    axes[1].legend()
+    cumulative = history["cumulative_component_tokens"]
+    totals = np.maximum(cumulative.sum(axis=1, keepdims=True), 1)
+    for i, name in enumerate(history["names"]):
+        axes[2].plot(steps, cumulative[:, i] / totals[:, 0], label=name)
+    axes[2].set_ylabel("token share (cumulative)")
+    axes[2].set_xlabel("step")
+    axes[2].legend()
+    figure.suptitle(f"xlstm-data inspect: {title}")
+    figure.tight_layout()
+    figure.savefig(png, dpi=80)
+    plt.close(figure)
