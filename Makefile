@@ -24,7 +24,8 @@ DEMO_RUN = $(BIN)/python -m trainer_hooks.train --config=configs/demo.py --workd
 # library's own sources, pre-empts itself with SIGKILL at step 130, resumes from
 # the last checkpoint and checks that the replayed steps match bit for bit.
 demo: install
-	rm -rf $(DEMO_DIR)
+	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
+	$(BIN)/xlstm-data inspect --config=configs/demo.py --png=$(DEMO_DIR)/plan.png
 	$(DEMO_RUN) --simulate_preemption_at_step=130 || [ $$? -eq 137 ]
 	@echo "=== pre-empted (SIGKILL) after step 130; rerunning with the same workdir resumes ==="
 	$(DEMO_RUN)
