@@ -145,3 +145,11 @@ def test_prepared_corpus_gives_an_exact_epoch_length(tmp_path, inputs):
     assert train.iterator_length == train.epoch_length.steps
     assert sum(1 for _ in train) == train.epoch_length.steps
     train.close()
+
+
+def test_rerun_with_other_settings_redoes_the_shards(tmp_path, inputs):
+    out = tmp_path / "prepared"
+    prepare_corpus([str(inputs / "a.txt")], str(out))
+    prepare_corpus([str(inputs / "a.txt")], str(out), unit="file")
+    source = ArrayRecordSource(str(out / "*.array_record"))
+    assert len(source) == 1  # the whole file is now one document

@@ -64,9 +64,18 @@ def _lengths_path(output_dir: str, shard: str) -> str:
     return os.path.join(output_dir, WORK_DIR, shard + ".lengths.npy")
 
 
-def _input_signature(path: str) -> dict[str, Any]:
-    stat = os.stat(path)
-    return {"source": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+def _input_signature(job: ShardJob) -> dict[str, Any]:
+    """What a finished shard depends on: its input file and how it was tokenized."""
+    stat = os.stat(job.source)
+    return {
+        "source": os.path.abspath(job.source),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "input_format": job.input_format,
+        "field": job.field,
+        "unit": job.unit,
+        "tokenizer": job.tokenizer,
+    }
 
 
 def _format_of(path: str, input_format: str) -> str:
@@ -116,7 +125,7 @@ def _documents(job: ShardJob) -> Iterator[np.ndarray]:
 def prepare_shard(job: ShardJob, output_dir: str) -> dict[str, Any]:
     """Writes one shard (unless already done); returns its summary."""
     done = _done_path(output_dir, job.shard)
-    signature = _input_signature(job.source)
+    signature = _input_signature(job)
     if os.path.exists(done):
         with open(done) as f:
             summary = json.load(f)
