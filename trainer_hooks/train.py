@@ -19,6 +19,7 @@ import logging as std_logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -235,6 +236,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     if start_step >= num_steps:
         logging.warning("the checkpoint is at step %d >= num_train_steps=%d", start_step, num_steps)
     pending: tuple[int, dict[str, Any], str | None, int] | None = None
+    loop_started = time.perf_counter()
     for step in range(start_step + 1, num_steps + 1):
         batch = next(train_iter)
         fingerprint = batch_fingerprint(batch) if _FINGERPRINTS.value else None
@@ -251,6 +253,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
             _log_step(batch_log, writer, *pending, log_every)
             logging.warning("simulating a pre-emption after step %d: SIGKILL", step)
             os.kill(os.getpid(), signal.SIGKILL)
+    train_secs = time.perf_counter() - loop_started
     if pending is not None:
         _log_step(batch_log, writer, *pending, log_every)
     if start_step < num_steps:
@@ -272,6 +275,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         "batches": str(workdir_path / "batches.jsonl"),
         "tokens_seen": int(train_iter.data_counters.tokens),
         "data_wait_secs": float(np.round(train_iter.data_counters.wait_secs, 3)),
+        "train_secs": float(np.round(train_secs, 3)),
     }
 
 

@@ -1,0 +1,417 @@
+"""Tokens per second of our host pipeline against plain grain and a read-only ceiling.
+
+Over the prepared lognormal ArrayRecord corpus, for every variant (packed or
+padded rows, 0 or 2 grain worker processes, one source or the 3-source
+mixture), three pipelines run in the same process, in rotating order, for
+several rounds:
+
+- `ceiling`: read and decode the same records (shuffled, mixed), nothing else;
+  in this process, without workers.
+- `grain`: a hand-written pipeline of the same steps with grain's public API:
+  read, decode, shuffle, repeat, split long documents and shift
+  (`FlatMapIterDataset`), first-fit pack (`FirstFitPackIterDataset`) or pad,
+  mix (`IterDataset.mix`), batch, and `mp_prefetch` with workers.
+- `ours_host`: our host pipeline, the grain dataset that
+  `make_grain_multihost_iterator` builds (host numpy batches, before any
+  device transfer).
+- `ours_global`: the full `MultiHostDataLoadIterator` (global jax.Arrays on a
+  one-device mesh, background prefetch).
+
+Tokens are non-padding target tokens, which equal the documents' tokens for
+every pipeline, so all figures are comparable. Ratios are taken per round
+(paired) and reported as median with min and max.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grain
+import numpy as np
+from absl import logging
+
+import xlstm_data as xd
+from bench import common
+
+NAME = "throughput"
+EOD = 1
+TARGET_RATIO = 0.95
+SUBJECTS = ("ceiling", "grain", "ours_host", "ours_global")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    seq_len: int
+    batch_size: int
+    warmup_batches: int
+    timed_batches: int
+    repeats: int
+    ceiling_warmup: int
+    ceiling_records: int
+
+
+FULL = Sizes(1024, 8, 10, 100, 5, 200, 10_000)
+TINY = Sizes(128, 4, 2, 6, 1, 20, 200)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    mixture: bool
+    packed: bool
+    workers: int
+
+    @property
+    def name(self) -> str:
+        rows = "packed" if self.packed else "padded"
+        sources = "3src" if self.mixture else "1src"
+        return f"{rows}-w{self.workers}-{sources}"
+
+
+def variants(tiny: bool) -> list[Variant]:
+    if tiny:  # every shape once, workers once (spawning them takes seconds)
+        return [
+            Variant(False, True, 0),
+            Variant(False, False, 0),
+            Variant(True, True, 0),
+            Variant(True, False, 0),
+            Variant(True, True, 2),
+        ]
+    return [
+        Variant(mixture, packed, workers)
+        for mixture in (False, True)
+        for packed in (True, False)
+        for workers in (0, 2)
+    ]
+
+
+# ----------------------------------------------------------------------------
+# The hand-written grain baseline (public grain API only).
+# ----------------------------------------------------------------------------
+
+
+class DecodeTokens(grain.transforms.Map):
+    """ArrayRecord bytes to `{"tokens": int32[n]}`."""
+
+    def map(self, element: bytes) -> dict[str, np.ndarray]:
+        return {"tokens": np.frombuffer(element, dtype="<i4")}
+
+
+class SplitAndShift(grain.experimental.FlatMapTransform):
+    """Document + EOD, cut into windows of `length`; targets are inputs shifted left."""
+
+    def __init__(self, length: int, eod: int, max_fan_out: int):
+        self.length = length
+        self.eod = eod
+        self.max_fan_out = max_fan_out
+
+    def flat_map(self, element: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        stream = np.concatenate([element["tokens"], np.array([self.eod], dtype=np.int32)])
+        last = len(stream) - 1
+        return [
+            {
+                "inputs": stream[start : min(start + self.length, last)],
+                "targets": stream[start + 1 : min(start + self.length, last) + 1],
+            }
+            for start in range(0, last, self.length)
+        ]
+
+
+class PadRow(grain.transforms.Map):
+    """One example per row, padded, with grain-style segment ids and positions."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for feature in ("inputs", "targets"):
+            values = element[feature]
+            n = len(values)
+            padded = np.zeros(self.length, dtype=np.int32)
+            padded[:n] = values
+            segment_ids = np.zeros(self.length, dtype=np.int32)
+            segment_ids[:n] = 1
+            positions = np.zeros(self.length, dtype=np.int32)
+            positions[:n] = np.arange(n, dtype=np.int32)
+            out[feature] = padded
+            out[f"{feature}_segment_ids"] = segment_ids
+            out[f"{feature}_positions"] = positions
+        return out
+
+
+def grain_pipeline(
+    files: Mapping[str, list[str]],
+    weights: Mapping[str, float] | None,
+    seeds: Mapping[str, int],
+    max_lengths: Mapping[str, int],
+    variant: Variant,
+    sizes: Sizes,
+) -> grain.IterDataset:
+    """The same steps as ours, written directly against grain's public API."""
+    components = {}
+    for name, paths in files.items():
+        docs = (
+            grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
+            .map(DecodeTokens())
+            .shuffle(seed=seeds[name])
+            .repeat(None)
+            .to_iter_dataset()
+        )
+        fan_out = math.ceil((max_lengths[name] + 1) / sizes.seq_len) + 1
+        examples = grain.experimental.FlatMapIterDataset(
+            docs, SplitAndShift(sizes.seq_len, EOD, fan_out)
+        )
+        if variant.packed:
+            rows = grain.experimental.FirstFitPackIterDataset(
+                examples,
+                length_struct={"inputs": sizes.seq_len, "targets": sizes.seq_len},
+                num_packing_bins=sizes.batch_size,
+                seed=seeds[name],
+            )
+        else:
+            rows = examples.map(PadRow(sizes.seq_len))
+        components[name] = rows
+    if len(components) == 1:
+        mixed = next(iter(components.values()))
+    else:
+        mixed = grain.IterDataset.mix(components, weights=dict(weights))
+    batches = mixed.batch(sizes.batch_size, drop_remainder=True)
+    if variant.workers:
+        batches = batches.mp_prefetch(
+            grain.MultiprocessingOptions(num_workers=variant.workers, per_worker_buffer_size=1)
+        )
+    return batches
+
+
+# ----------------------------------------------------------------------------
+# Measuring.
+# ----------------------------------------------------------------------------
+
+
+def _host_batches_per_sec(
+    make_iterator: Callable[[], Any], token_field: str, sizes: Sizes
+) -> float:
+    iterator = make_iterator()
+    try:
+        for _ in range(sizes.warmup_batches):
+            next(iterator)
+        started = time.perf_counter()
+        tokens = 0
+        for _ in range(sizes.timed_batches):
+            tokens += int(np.count_nonzero(next(iterator)[token_field]))
+        return tokens / (time.perf_counter() - started)
+    finally:
+        common.close_iterator(iterator)
+
+
+def _global_tokens_per_sec(make_iterator: Callable[[], Any], sizes: Sizes) -> float:
+    iterator = make_iterator()
+    try:
+        for _ in range(sizes.warmup_batches):
+            next(iterator)
+        tokens_before = iterator.data_counters.tokens
+        started = time.perf_counter()
+        for _ in range(sizes.timed_batches):
+            next(iterator)
+        elapsed = time.perf_counter() - started
+        return (iterator.data_counters.tokens - tokens_before) / elapsed
+    finally:
+        iterator.close()
+
+
+def _ceiling_tokens_per_sec(
+    files: Mapping[str, list[str]],
+    weights: Mapping[str, float] | None,
+    seeds: Mapping[str, int],
+    sizes: Sizes,
+) -> float:
+    """Reads and decodes the records in the pipelines' order; nothing else."""
+    datasets = [
+        grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths)).shuffle(
+            seed=seeds[name]
+        )
+        for name, paths in files.items()
+    ]
+    if len(datasets) == 1:
+        records = datasets[0]
+    else:
+        records = grain.MapDataset.mix(datasets, weights=[weights[name] for name in files])
+    n = len(records)
+    for i in range(sizes.ceiling_warmup):
+        np.frombuffer(records[i % n], dtype="<i4")
+    started = time.perf_counter()
+    tokens = 0
+    for i in range(sizes.ceiling_warmup, sizes.ceiling_warmup + sizes.ceiling_records):
+        tokens += np.frombuffer(records[i % n], dtype="<i4").size
+    return tokens / (time.perf_counter() - started)
+
+
+def _ratios(numerator: list[float], denominator: list[float]) -> dict[str, Any]:
+    return common.summarize([a / b for a, b in zip(numerator, denominator, strict=True)])
+
+
+def measure_variant(
+    variant: Variant,
+    files: Mapping[str, list[str]],
+    weights: Mapping[str, float] | None,
+    seeds: Mapping[str, int],
+    max_lengths: Mapping[str, int],
+    sizes: Sizes,
+    mesh: Any,
+) -> dict[str, Any]:
+    """All subjects of one variant, `sizes.repeats` rounds in rotating order."""
+
+    def ours() -> xd.MultiHostDataLoadIterator:
+        return common.our_iterator(
+            files,
+            weights,
+            seeds,
+            seq_len=sizes.seq_len,
+            batch_size=sizes.batch_size,
+            packed=variant.packed,
+            workers=variant.workers,
+            mesh=mesh,
+            eod_token_id=EOD,
+        )
+
+    # The host pipeline is the dataset inside our iterator: built once by the
+    # factory, iterated afresh (new worker processes) in every round. The
+    # first iterator built is also the first round's `ours_global` (it is
+    # idle until then: its prefetch buffer is full), so no workers are
+    # spawned in vain.
+    first_global = [ours()]
+    host_dataset = first_global[0].dataloader
+
+    def ours_global() -> xd.MultiHostDataLoadIterator:
+        return first_global.pop() if first_global else ours()
+
+    baseline = grain_pipeline(files, weights, seeds, max_lengths, variant, sizes)
+
+    measure = {
+        "ceiling": lambda: _ceiling_tokens_per_sec(files, weights, seeds, sizes),
+        "grain": lambda: _host_batches_per_sec(
+            lambda: iter(baseline), "targets_segment_ids", sizes
+        ),
+        "ours_host": lambda: _host_batches_per_sec(
+            lambda: iter(host_dataset), "targets_segmentation", sizes
+        ),
+        "ours_global": lambda: _global_tokens_per_sec(ours_global, sizes),
+    }
+    values: dict[str, list[float]] = {s: [] for s in SUBJECTS}
+    try:
+        for round_index in range(sizes.repeats):
+            for subject in common.rotated(SUBJECTS, round_index):
+                values[subject].append(measure[subject]())
+            logging.info(
+                "bench throughput %s round %d: %s",
+                variant.name,
+                round_index,
+                {s: f"{v[-1] / 1e6:.3f}M" for s, v in values.items()},
+            )
+    finally:
+        for iterator in first_global:  # not measured (an error happened first)
+            iterator.close()
+    return {
+        "sources": list(files),
+        "weights": dict(weights) if weights else None,
+        "packed": variant.packed,
+        "worker_count": variant.workers,
+        "tokens_per_sec": {s: common.summarize(v) for s, v in values.items()},
+        "ours_over_grain": _ratios(values["ours_host"], values["grain"]),
+        "ours_over_ceiling": _ratios(values["ours_host"], values["ceiling"]),
+        "grain_over_ceiling": _ratios(values["grain"], values["ceiling"]),
+        "ours_global_over_grain": _ratios(values["ours_global"], values["grain"]),
+    }
+
+
+def run(config: common.BenchConfig) -> dict[str, Any]:
+    """Measures every variant and writes throughput.json and throughput.png."""
+    started = time.perf_counter()
+    common.ensure_flags_parsed()
+    sizes = TINY if config.tiny else FULL
+    specs = common.lognormal_corpus(config.tiny)
+    files = {name: common.prepare_corpus(spec) for name, spec in specs.items()}
+    seeds = {name: spec.seed for name, spec in specs.items()}
+    max_lengths = {name: spec.max_length for name, spec in specs.items()}
+    mesh = common.single_device_mesh()
+    results, targets = {}, []
+    for variant in variants(config.tiny):
+        names = list(specs) if variant.mixture else ["web"]
+        weights = {n: common.MIXTURE_WEIGHTS[n] for n in names} if variant.mixture else None
+        result = measure_variant(
+            variant,
+            {n: files[n] for n in names},
+            weights,
+            seeds,
+            max_lengths,
+            sizes,
+            mesh,
+        )
+        results[variant.name] = result
+        targets.append(
+            common.target(
+                f"{variant.name}.ours_over_grain",
+                result["ours_over_grain"]["median"],
+                ">=",
+                TARGET_RATIO,
+                f"ours/grain tokens/s >= {TARGET_RATIO} ({variant.name})",
+            )
+        )
+    payload = {
+        "settings": {
+            **dataclasses.asdict(sizes),
+            "eod_token_id": EOD,
+            "packing_bins": sizes.batch_size,
+            "corpus": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
+            "token": "non-padding target tokens (= document tokens)",
+            "ceiling": "in-process read+decode of the same shuffled (mixed) records",
+        },
+        "variants": results,
+        "targets": targets,
+        "png": _plot(config, results),
+    }
+    return common.write_result(config, NAME, payload, started)
+
+
+def _plot(config: common.BenchConfig, results: Mapping[str, Any]) -> str:
+    figure = common.new_figure(figsize=(10, 4.5))
+    ax = figure.add_subplot()
+    names = list(results)
+    width = 0.8 / len(SUBJECTS)
+    for k, subject in enumerate(SUBJECTS):
+        stats = [results[n]["tokens_per_sec"][subject] for n in names]
+        medians = np.array([s["median"] for s in stats]) / 1e6
+        lows = medians - np.array([s["min"] for s in stats]) / 1e6
+        highs = np.array([s["max"] for s in stats]) / 1e6 - medians
+        x = np.arange(len(names)) + (k - (len(SUBJECTS) - 1) / 2) * width
+        ax.bar(x, medians, width, yerr=[lows, highs], capsize=2, label=subject)
+    ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
+    ax.set_ylabel("million tokens / s (median, min-max)")
+    ax.set_yscale("log")
+    ax.set_title(f"Host pipeline throughput ({config.mode} mode)")
+    ax.legend(fontsize=8)
+    return common.save_figure(config, NAME, figure)
+
+
+def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Rows (figure, value, target, met) for the summary table."""
+    rows = []
+    met = {t["metric"]: t["met"] for t in result["targets"]}
+    for name, variant in result["variants"].items():
+        ratio = variant["ours_over_grain"]
+        ceiling = variant["ours_over_ceiling"]["median"]
+        tokens = variant["tokens_per_sec"]["ours_host"]["median"] / 1e6
+        rows.append(
+            (
+                f"ours/grain {name}",
+                f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}); "
+                f"{tokens:.2f}M tok/s; ours/ceiling {ceiling:.2f}",
+                f">= {TARGET_RATIO}",
+                "yes" if met[f"{name}.ours_over_grain"] else "NO",
+            )
+        )
+    return rows

@@ -1,0 +1,122 @@
+"""Smoke runs of every benchmark in --tiny mode (not timings: figures are not checked).
+
+Each benchmark must run end to end through `bench.run.main`, write its JSON
+with the expected keys, finite and positive numbers where they are rates,
+sizes or times, a `met` flag per target, and its PNG where one is promised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from bench import BENCHMARKS, run
+
+PNG = {"throughput", "packing", "resume", "memory"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Runs all benchmarks once (tiny) with a private corpus cache."""
+    out = tmp_path_factory.mktemp("bench_results")
+    cache = tmp_path_factory.mktemp("bench_cache")
+    previous = os.environ.get("XLSTM_DATA_BENCH_CACHE")
+    os.environ["XLSTM_DATA_BENCH_CACHE"] = str(cache)
+    try:
+        code = run.main([*BENCHMARKS, "--tiny", "--out", str(out), "--verbose"])
+    finally:
+        if previous is None:
+            os.environ.pop("XLSTM_DATA_BENCH_CACHE", None)
+        else:
+            os.environ["XLSTM_DATA_BENCH_CACHE"] = previous
+    assert code == 0
+    return out
+
+
+def _load(out, name):
+    result = json.loads((out / f"{name}.json").read_text())
+    assert result["benchmark"] == name
+    assert result["mode"] == "tiny"
+    assert "--tiny" in result["command"]
+    assert isinstance(result["met"], bool)
+    assert result["targets"], "every benchmark states its targets"
+    for target in result["targets"]:
+        assert {"metric", "value", "threshold", "comparison", "description", "met"} <= set(target)
+        assert isinstance(target["met"], bool)
+        assert math.isfinite(target["value"])
+    assert result["met"] == all(t["met"] for t in result["targets"])
+    if name in PNG:
+        png = out / f"{name}.png"
+        assert png.exists() and png.stat().st_size > 1000
+        assert result["png"] == png.name
+    return result
+
+
+def _positive_stats(stats):
+    assert {"median", "min", "max", "values"} <= set(stats)
+    assert stats["min"] <= stats["median"] <= stats["max"]
+    assert all(math.isfinite(v) and v > 0 for v in stats["values"])
+
+
+def test_throughput(results):
+    result = _load(results, "throughput")
+    assert set(result["variants"]) >= {"packed-w0-1src", "padded-w0-3src", "packed-w2-3src"}
+    for variant in result["variants"].values():
+        assert set(variant["tokens_per_sec"]) == {"ceiling", "grain", "ours_host", "ours_global"}
+        for stats in variant["tokens_per_sec"].values():
+            _positive_stats(stats)
+        for ratio in ("ours_over_grain", "ours_over_ceiling", "ours_global_over_grain"):
+            _positive_stats(variant[ratio])
+    assert len(result["targets"]) == len(result["variants"])
+
+
+def test_packing(results):
+    result = _load(results, "packing")
+    for corpus in ("demo", "lognormal"):
+        for rows in ("first_fit", "padding_only"):
+            report = result["corpora"][corpus][rows]
+            _positive_stats(report["non_padding_share"])
+            assert report["non_padding_share"]["max"] <= 1.0
+            assert 0 < report["per_batch"]["min"] <= report["per_batch"]["max"] <= 1.0
+    sweep = result["lognormal_first_fit_share_by_bins"]
+    assert sweep and all(0 < s <= 1 for s in sweep.values())
+    # First fit never pads more than one chunk per row does.
+    lognormal = result["corpora"]["lognormal"]
+    assert (
+        lognormal["first_fit"]["non_padding_share"]["median"]
+        >= lognormal["padding_only"]["non_padding_share"]["median"]
+    )
+
+
+def test_resume(results):
+    result = _load(results, "resume")
+    assert set(result["resume_secs"]) == {"10", "100", "1000"}
+    for stats in result["resume_secs"].values():
+        _positive_stats(stats)
+    _positive_stats(result["fresh_first_batch_secs"])
+    assert result["largest_over_smallest"] > 0
+    assert result["first_batch_matches"] is True
+
+
+def test_loop_wait(results):
+    result = _load(results, "loop_wait")
+    _positive_stats(result["train_secs"])
+    assert 0 <= result["wait_share"]["median"] < 1
+    assert all(r["steps"] == 12 and r["data_wait_secs"] >= 0 for r in result["runs"])
+
+
+def test_memory(results):
+    result = _load(results, "memory")
+    (run_,) = result["runs"]
+    assert run_["steps"][0] == 1 and run_["steps"][-1] == 400
+    assert all(math.isfinite(v) and v > 0 for v in run_["rss_mb"])
+    assert math.isfinite(result["growth_mb"]["median"])
+
+
+def test_unknown_benchmark_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["no_such_benchmark", "--tiny"])
+    assert "unknown benchmark" in capsys.readouterr().err
