@@ -55,6 +55,10 @@ def _as_map_dataset(dataset: Any) -> grain.MapDataset:
     return grain.MapDataset.source(as_token_source(dataset))
 
 
+#: Smallest default number of open rows when packing (see `bench/packing.py`).
+MIN_DEFAULT_PACKING_BINS = 128
+
+
 def make_grain_llm_dataset(
     dataloading_host_index: int,
     dataloading_host_count: int,
@@ -93,7 +97,9 @@ def make_grain_llm_dataset(
       operations: grain transformations applied to each document first.
       grain_packing: Pack several documents per row (first fit).
       grain_packing_bin_count: Open rows while packing; default the host
-        batch size.
+        batch size, at least `MIN_DEFAULT_PACKING_BINS` (grain's first-fit
+        closes every open row when a chunk fits none, so few bins waste space:
+        8 bins leave 91% of a lognormal corpus's slots filled, 128 leave 97.6%).
       shift: Make targets the inputs shifted by one token.
       shift_target: Shift targets left (True) or inputs right with EOD as BOS.
       eod_token_id: End-of-document id appended to every document.
@@ -134,7 +140,9 @@ def make_grain_llm_dataset(
         eod_token_id=eod_token_id,
     )
     if grain_packing:
-        bins = grain_packing_bin_count or global_batch_size // host_count
+        bins = grain_packing_bin_count or max(
+            global_batch_size // host_count, MIN_DEFAULT_PACKING_BINS
+        )
         return pack_examples(examples, max_target_length, bins, seed=data_shuffle_seed)
     return pad_examples(examples, max_target_length if apply_padding else None)
 
