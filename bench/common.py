@@ -359,6 +359,7 @@ def our_iterator(
     workers: int,
     mesh: Any,
     eod_token_id: int = 1,
+    packing_bins: int | None = None,
 ):
     """Our train iterator over ArrayRecord sources, built with the public factories.
 
@@ -367,11 +368,12 @@ def our_iterator(
       weights: Mixture weights by name (None for a single source).
       seeds: Shuffle (and packing) seed of each source.
       seq_len: `max_target_length`.
-      batch_size: Global (= host) batch size; packing bins default to it.
+      batch_size: Global (= host) batch size.
       packed: First-fit packing, or padded rows.
       workers: grain worker processes.
       mesh: The mesh (see `single_device_mesh`).
       eod_token_id: End-of-document id.
+      packing_bins: Open rows while packing; None for the library default.
 
     Returns:
       A `MultiHostDataLoadIterator`; its `dataloader` is the host pipeline.
@@ -392,6 +394,7 @@ def our_iterator(
             shuffle=True,
             data_shuffle_seed=seeds[name],
             grain_packing=packed,
+            grain_packing_bin_count=packing_bins,
             eod_token_id=eod_token_id,
         )
     return xd.make_grain_multihost_iterator(
@@ -402,6 +405,14 @@ def our_iterator(
         dataset_weights=dict(weights) if weights else None,
         worker_count=workers,
     )
+
+
+def error_bars(stats: Sequence[Mapping[str, float]], scale: float = 1.0):
+    """`(medians, [below, above])` of summaries, for matplotlib's `yerr`."""
+    medians = np.array([s["median"] for s in stats]) / scale
+    below = medians - np.array([s["min"] for s in stats]) / scale
+    above = np.array([s["max"] for s in stats]) / scale - medians
+    return medians, [below, above]
 
 
 def format_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:

@@ -162,11 +162,7 @@ def _plot(config: common.BenchConfig, stats: Mapping[str, Any]) -> str:
     figure = common.new_figure(figsize=(5, 3.5))
     ax = figure.add_subplot()
     names = list(stats)
-    medians = np.array([stats[n]["median"] for n in names])
-    errors = [
-        medians - [stats[n]["min"] for n in names],
-        [stats[n]["max"] for n in names] - medians,
-    ]
+    medians, errors = common.error_bars([stats[n] for n in names])
     ax.bar([f"{int(n):,}" for n in names], medians, yerr=errors, capsize=3)
     ax.set_xlabel("saved at step")
     ax.set_ylabel("restore -> first batch (s)")

@@ -276,6 +276,7 @@ def measure_variant(
             workers=variant.workers,
             mesh=mesh,
             eod_token_id=EOD,
+            packing_bins=sizes.batch_size,  # as many as the grain baseline
         )
 
     # The host pipeline is the dataset inside our iterator: built once by the
@@ -384,11 +385,9 @@ def _plot(config: common.BenchConfig, results: Mapping[str, Any]) -> str:
     width = 0.8 / len(SUBJECTS)
     for k, subject in enumerate(SUBJECTS):
         stats = [results[n]["tokens_per_sec"][subject] for n in names]
-        medians = np.array([s["median"] for s in stats]) / 1e6
-        lows = medians - np.array([s["min"] for s in stats]) / 1e6
-        highs = np.array([s["max"] for s in stats]) / 1e6 - medians
+        medians, errors = common.error_bars(stats, scale=1e6)
         x = np.arange(len(names)) + (k - (len(SUBJECTS) - 1) / 2) * width
-        ax.bar(x, medians, width, yerr=[lows, highs], capsize=2, label=subject)
+        ax.bar(x, medians, width, yerr=errors, capsize=2, label=subject)
     ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
     ax.set_ylabel("million tokens / s (median, min-max)")
     ax.set_yscale("log")

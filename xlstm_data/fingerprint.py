@@ -67,8 +67,6 @@ def disallowed_changes(
     changes: Iterable[tuple[str, Any, Any]], allowed: bool | str | Iterable[str]
 ) -> list[tuple[str, Any, Any]]:
     """The changes not covered by `allowed` (True, or glob patterns of keys)."""
-    if allowed is True:
-        return []
     patterns = allowed_patterns(allowed)
     return [
         change
