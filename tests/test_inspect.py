@@ -51,4 +51,5 @@ def test_bad_override_and_missing_config_are_named(tmp_path, capsys):
     assert "none.py" in capsys.readouterr().err
     config = CONFIGS[0]
     assert cli_main(["inspect", f"--config={config}", "--override=nokey.deeper=1"]) == 2
-    assert "'nokey' is not in the config" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "'nokey' is not in the config" in error and "'data'" in error

@@ -100,6 +100,7 @@ def test_bad_input_names_the_file_and_line(tmp_path, inputs, capsys):
     [
         (["--format", "csv"], "--format='csv' is invalid"),
         (["--workers", "0"], "workers=0 is invalid"),
+        (["--unit", "page"], "--unit='page' is invalid; valid units: ['line', 'file']"),
         (["--tokenizer", "nope"], "tokenizer='nope' is not valid"),
     ],
 )

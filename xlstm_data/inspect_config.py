@@ -50,7 +50,10 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> Any:
         section = config
         for part in parents:
             if part not in section:
-                raise DataConfigError(f"--override key {key!r}: {part!r} is not in the config")
+                raise DataConfigError(
+                    f"--override key {key!r}: {part!r} is not in the config; keys there: "
+                    f"{sorted(section.keys())}"
+                )
             section = section[part]
         try:
             value = ast.literal_eval(raw)

@@ -29,7 +29,7 @@ from absl import logging
 from xlstm_data.checks import check_int
 from xlstm_data.corpus_index import INDEX_FILE, LENGTHS_FILE, PREPARE_FORMAT_VERSION
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.sources import TextFileSource, _expand_files, write_array_record
+from xlstm_data.sources import TEXT_UNITS, TextFileSource, _expand_files, write_array_record
 from xlstm_data.tokenizers import get_tokenizer
 
 INPUT_FORMATS = ("auto", "text", "jsonl", "tokens")
@@ -194,6 +194,8 @@ def prepare_corpus(
         raise DataConfigError(
             f"--format={input_format!r} is invalid; valid formats: {list(INPUT_FORMATS)}"
         )
+    if unit not in TEXT_UNITS:
+        raise DataConfigError(f"--unit={unit!r} is invalid; valid units: {list(TEXT_UNITS)}")
     check_int("workers", workers, 1)
     vocab_size = get_tokenizer(tokenizer).vocab_size  # refuses a bad tokenizer up front
     files = _expand_files(list(inputs), "inputs")

@@ -56,7 +56,7 @@ TokenizerSpec = Tokenizer | str | None
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _RECORD_FORMATS = ("tokens", "text")
-_TEXT_UNITS = ("line", "file")
+TEXT_UNITS = ("line", "file")
 
 
 class TokenSource(abc.ABC):
@@ -491,9 +491,9 @@ class TextFileSource(TokenSource):
           DataConfigError: On a bad argument, a pattern matching no file, JSONL
             with unit="file", or no documents at all.
         """
-        if unit not in _TEXT_UNITS:
+        if unit not in TEXT_UNITS:
             raise DataConfigError(
-                f"TextFileSource: unit={unit!r} is not valid; use one of {list(_TEXT_UNITS)}."
+                f"TextFileSource: unit={unit!r} is not valid; use one of {list(TEXT_UNITS)}."
             )
         if jsonl_field is not None and (not isinstance(jsonl_field, str) or not jsonl_field):
             raise DataConfigError(
