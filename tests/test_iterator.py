@@ -101,6 +101,25 @@ def test_plain_iterable_resumes_by_replaying(mesh):
     assert [int(np.asarray(b["x"])[0, 0]) for b in fresh] == [2, 3, 4]
 
 
+def test_prefetch_starts_on_demand_so_a_restore_wastes_no_batch(mesh):
+    produced = []
+
+    class CountingLoader:
+        def __iter__(self):
+            for i in range(6):
+                produced.append(i)
+                yield {"x": np.full((4, 2), i, np.int32)}
+
+    iterator = xd.MultiHostDataLoadIterator(CountingLoader(), mesh, prefetch=2)
+    assert produced == []  # nothing read at construction
+    iterator.set_state({**iterator.get_state(), "step": 2, "local_batches": 2})
+    assert produced == [0, 1]  # the replayed batches only, nothing prepared ahead
+    iterator.start_prefetch()
+    iterator.start_prefetch()  # idempotent
+    assert int(np.asarray(next(iterator)["x"])[0, 0]) == 2
+    assert produced[:3] == [0, 1, 2] and len(produced) <= 5
+
+
 def test_clu_surface_save_restore_and_element_spec(mesh, tmp_path):
     iterator = _eval_iterator(mesh)
     assert isinstance(iterator, clu.data.DatasetIterator)

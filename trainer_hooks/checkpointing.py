@@ -149,7 +149,8 @@ def restore_or_initialize(
     Args:
       manager: The orbax `CheckpointManager`.
       iterator: The freshly built train iterator; moved to the saved position
-        (and prefetching from there) on restore.
+        on restore. Either way it starts prefetching before this returns, so
+        the first batches are ready while the train step compiles.
       initial_state: The freshly initialised state; its structure, dtypes
         and shardings are the restore target, and it is returned when there
         is no checkpoint.
@@ -167,6 +168,7 @@ def restore_or_initialize(
         step = manager.latest_step()
     if step is None:
         logging.info("no checkpoint in %s; starting from step 0", manager.directory)
+        _start_prefetch(iterator)
         return initial_state, 0
     items = saved_items(manager, step)
     if MODEL_ITEM not in items:
@@ -194,4 +196,10 @@ def restore_or_initialize(
         )
     restored = manager.restore(step, args=ocp.args.Composite(**args))
     logging.info("restored step %d from %s (items %s)", step, manager.directory, sorted(args))
+    _start_prefetch(iterator)
     return restored[MODEL_ITEM], step
+
+
+def _start_prefetch(iterator: Any) -> None:
+    if hasattr(iterator, "start_prefetch"):
+        iterator.start_prefetch()

@@ -153,7 +153,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
     # Lifecycle ---------------------------------------------------------------
 
     def _restart(self, state: Mapping[str, Any] | None) -> None:
-        """(Re)creates the local iterator at `state` and starts prefetching."""
+        """(Re)creates the local iterator at `state`; prefetching starts on demand."""
         self._stop_prefetch()
         reusable = (
             state is not None
@@ -172,7 +172,21 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._known_until = self.step_counter
         self._total_steps: int | None = None
         self._state_of_last = self._local_state()
-        self._prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
+
+    def start_prefetch(self) -> None:
+        """Starts preparing the next batches in the background, if not yet started.
+
+        Called by the first `next`; call it earlier (after any `set_state`) to
+        overlap the first batches with model set-up and compilation. It is not
+        started at construction, so a restore right after it wastes no work.
+        """
+        if self._prefetcher is None:
+            self._prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
+
+    def _started_prefetcher(self) -> BackgroundPrefetcher[_Prefetched]:
+        self.start_prefetch()
+        assert self._prefetcher is not None
+        return self._prefetcher
 
     def _seek(self, state: Mapping[str, Any]) -> None:
         if self._stateful and state.get("iterator") is not None:
@@ -267,7 +281,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         if self._local_ended:
             return None
         try:
-            return self._prefetcher.get()
+            return self._started_prefetcher().get()
         except StopIteration:
             self._local_ended = True
             return None
@@ -282,7 +296,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         if self._local_ended:
             known, ended = self._local_batches, True
         else:
-            buffered, ended = self._prefetcher.wait_filled()
+            buffered, ended = self._started_prefetcher().wait_filled()
             known = self._local_batches + buffered
         table = np.asarray(
             multihost_utils.process_allgather(np.array([known, int(ended)], dtype=np.int64))
@@ -352,7 +366,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
     def element_spec(self) -> Any:
         """Global shape and dtype of each field (peeks at the first batch)."""
         if self._element_spec is None:
-            first = self._prefetcher.peek()
+            first = self._started_prefetcher().peek()
             if first is None:
                 raise ValueError("the dataloader produced no batch, so it has no element_spec")
             host = first.host
