@@ -36,11 +36,18 @@ from absl import logging
 
 import xlstm_data as xd
 from bench import common
+from xlstm_data import reading
 
 NAME = "throughput"
 EOD = 1
 TARGET_RATIO = 0.95
 SUBJECTS = ("ceiling", "grain", "ours_host", "ours_global")
+#: The grain baseline reads ahead as our pipeline does by default
+#: (`xlstm_data.reading`), so both sides do the same reading work.
+BASELINE_READ_OPTIONS = grain.ReadOptions(
+    num_threads=reading.DEFAULT_READ_THREADS,
+    prefetch_buffer_size=reading.DEFAULT_READ_BUFFER_SIZE,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +166,7 @@ def grain_pipeline(
             .map(DecodeTokens())
             .shuffle(seed=seeds[name])
             .repeat(None)
-            .to_iter_dataset()
+            .to_iter_dataset(BASELINE_READ_OPTIONS)
         )
         fan_out = math.ceil((max_lengths[name] + 1) / sizes.seq_len) + 1
         examples = grain.experimental.FlatMapIterDataset(
@@ -367,6 +374,11 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
             **dataclasses.asdict(sizes),
             "eod_token_id": EOD,
             "packing_bins": sizes.batch_size,
+            "read_options": {
+                "num_threads": BASELINE_READ_OPTIONS.num_threads,
+                "prefetch_buffer_size": BASELINE_READ_OPTIONS.prefetch_buffer_size,
+                "applies_to": "grain baseline and ours (library default)",
+            },
             "corpus": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
             "token": "non-padding target tokens (= document tokens)",
             "ceiling": "in-process read+decode of the same shuffled (mixed) records",

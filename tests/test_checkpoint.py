@@ -139,6 +139,7 @@ def test_adding_an_eval_set_does_not_block_a_resume(tmp_path, mesh):
     config["eval"] = {"held_out": {"kind": "synthetic", "num_documents": 10}}
     config["eval_global_batch_size"] = 4
     config["prefetch"] = 4
+    config["read_threads"], config["read_buffer_size"] = 0, 0  # read inline now
     resumed = build(mesh, config)
     restore(manager, 5, state, resumed)
     assert_batches_equal(following[0], next(resumed))

@@ -126,6 +126,9 @@ _DELETE = object()
         ("global_batch_sise", 8, r"data has unknown keys \['global_batch_sise'\]"),
         ("num_epochs", 2, r"data.num_epochs=2 cannot bound a mixture"),
         ("packing", "yes", r"data.packing='yes'"),
+        ("read_threads", -1, r"data.read_threads=-1"),
+        ("read_buffer_size", 1.5, r"data.read_buffer_size=1.5"),
+        ("read_buffer_size", 0, r"data.read_buffer_size=0 is smaller than data.read_threads=2"),
     ],
 )
 def test_bad_values_name_their_key(path, value, match):

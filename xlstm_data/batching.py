@@ -45,6 +45,9 @@ def stack_rows(
     out = {}
     for key in rows[0]:
         values = [np.asarray(row[key]) for row in rows]
+        if len(values) == batch_size and all(v.shape == values[0].shape for v in values):
+            out[key] = np.stack(values)  # the common case: full batch of equal rows
+            continue
         length = max(v.shape[0] for v in values) if values[0].ndim else 0
         fill = padding_value(key, pad_value)
         shape = (batch_size, length) + values[0].shape[1:] if values[0].ndim else (batch_size,)

@@ -21,6 +21,7 @@ from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 from xlstm_data.mixing import check_weight, normalize_weights
 from xlstm_data.rampup import RampupSchedule, parse_rampup
+from xlstm_data.reading import read_options
 
 #: Options of each source kind: name -> (required, default).
 SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
@@ -68,6 +69,8 @@ DATA_DEFAULTS: dict[str, Any] = {
     "drop_remainder": True,
     "rampup": None,
     "prefetch": 2,
+    "read_threads": None,
+    "read_buffer_size": None,
 }
 
 
@@ -125,6 +128,8 @@ class DataConfig:
     drop_remainder: bool
     rampup: RampupSchedule
     prefetch: int
+    read_threads: int | None = None
+    read_buffer_size: int | None = None
 
     @property
     def weights(self) -> dict[str, float]:
@@ -244,6 +249,11 @@ def validate_data_config(config: Any) -> DataConfig:
             "(the mix would stop at the first dataset's end and skip the rest); set "
             "data.num_epochs=None and bound the run by train steps"
         )
+    read_options(
+        d["read_threads"],
+        d["read_buffer_size"],
+        keys=("data.read_threads", "data.read_buffer_size"),
+    )
     return DataConfig(
         train=train,
         eval=evals,
@@ -268,4 +278,6 @@ def validate_data_config(config: Any) -> DataConfig:
         drop_remainder=_bool("data.drop_remainder", d["drop_remainder"]),
         rampup=parse_rampup(_plain(d["rampup"]), key="data.rampup"),
         prefetch=check_int("data.prefetch", d["prefetch"], 1),
+        read_threads=d["read_threads"],
+        read_buffer_size=d["read_buffer_size"],
     )

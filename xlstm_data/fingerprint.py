@@ -4,7 +4,7 @@ The data position saved in a checkpoint only means something for the data
 config that produced it. Each checkpoint stores the flattened config and its
 hash; a restore compares them key by key and names every changed key, so an
 accidental edit is refused and an intended one can be allowed explicitly.
-Keys that do not change the training stream (eval sets, prefetch depth) are
+Keys that do not change the training stream (eval sets, prefetch and read-ahead) are
 left out, so adding an eval set never blocks a resume.
 """
 
@@ -20,7 +20,14 @@ from xlstm_data.config import validate_data_config
 from xlstm_data.errors import DataConfigError
 
 #: Data keys that do not affect the training stream's content or order.
-KEYS_OUTSIDE_FINGERPRINT = ("eval", "eval_global_batch_size", "prefetch", "worker_buffer_size")
+KEYS_OUTSIDE_FINGERPRINT = (
+    "eval",
+    "eval_global_batch_size",
+    "prefetch",
+    "worker_buffer_size",
+    "read_threads",
+    "read_buffer_size",
+)
 
 
 def flat_data_config(

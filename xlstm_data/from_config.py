@@ -74,6 +74,8 @@ def iterators_from_config(
             shift=cfg.shift,
             shift_target=cfg.shift_target,
             eod_token_id=cfg.eod_token_id,
+            read_threads=cfg.read_threads,
+            read_buffer_size=cfg.read_buffer_size,
         )
     train = make_grain_multihost_iterator(
         components,
@@ -111,6 +113,8 @@ def iterators_from_config(
             shift=cfg.shift,
             shift_target=cfg.shift_target,
             eod_token_id=cfg.eod_token_id,
+            read_threads=cfg.read_threads,
+            read_buffer_size=cfg.read_buffer_size,
             worker_count=0,
             drop_remainder=False,
             reset_after_epoch=True,

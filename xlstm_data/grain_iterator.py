@@ -34,6 +34,7 @@ from xlstm_data.mixing import (
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
 from xlstm_data.packing import pack_examples, pad_examples
 from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
+from xlstm_data.reading import read_options
 from xlstm_data.sources import as_token_source
 
 __all__ = [
@@ -75,6 +76,9 @@ def make_grain_llm_dataset(
     shift_target: bool = True,
     eod_token_id: int = 0,
     apply_padding: bool = True,
+    *,
+    read_threads: int | None = None,
+    read_buffer_size: int | None = None,
 ) -> grain.IterDataset:
     """Creates one host's grain pipeline of LLM rows (not yet batched).
 
@@ -105,6 +109,9 @@ def make_grain_llm_dataset(
       eod_token_id: End-of-document id appended to every document.
       apply_padding: Pad unpacked rows to `max_target_length` (otherwise they
         stay ragged and are padded per batch).
+      read_threads: Threads reading documents ahead (0: none); see
+        `reading.read_options`. Does not change the data order or the state.
+      read_buffer_size: Documents read ahead; see `reading.read_options`.
 
     Returns:
       A `grain.IterDataset` of dicts with the six `LLMBatch` fields.
@@ -123,6 +130,7 @@ def make_grain_llm_dataset(
         check_int("num_epochs", num_epochs, 1)
     if grain_packing_bin_count is not None:
         check_int("grain_packing_bin_count", grain_packing_bin_count, 1)
+    reading = read_options(read_threads, read_buffer_size)
     documents = _as_map_dataset(dataset)
     if len(documents) == 0:
         raise DataConfigError("dataset is empty; it must hold at least one document")
@@ -133,7 +141,7 @@ def make_grain_llm_dataset(
     if operations:
         documents = grain.experimental.apply_transformations(documents, list(operations))
     examples = DocumentChunkIterDataset(
-        documents.to_iter_dataset(),
+        documents.to_iter_dataset(reading),
         max_target_length=max_target_length,
         shift=shift,
         shift_target=shift_target,
@@ -296,6 +304,8 @@ def make_grain_llm_iterator(
     batch_rampup_factors: Mapping[Any, float] | None = None,
     *,
     prefetch: int = 2,
+    read_threads: int | None = None,
+    read_buffer_size: int | None = None,
 ) -> MultiHostDataLoadIterator:
     """Builds the host pipeline and the multi-host iterator in one call.
 
@@ -327,6 +337,8 @@ def make_grain_llm_iterator(
         shift_target=shift_target,
         eod_token_id=eod_token_id,
         apply_padding=apply_padding,
+        read_threads=read_threads,
+        read_buffer_size=read_buffer_size,
     )
     return make_grain_multihost_iterator(
         rows,

@@ -28,7 +28,7 @@ import operator
 import os
 import threading
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, SupportsIndex
 
 import grain
@@ -184,13 +184,16 @@ def _check_vocab_size(vocab_size: Any, arg: str = "vocab_size") -> int | None:
     return int(vocab_size)
 
 
-def _checked_int32(values: np.ndarray, vocab_size: int | None, where: str) -> np.ndarray:
+def _checked_int32(
+    values: np.ndarray, vocab_size: int | None, where: str | Callable[[], str]
+) -> np.ndarray:
     """Checks token ids are valid and returns them as a fresh int32 array.
 
     Args:
       values: 1-D integer array of token ids, any integer dtype.
       vocab_size: Exclusive upper bound, or None to check only the int32 range.
-      where: Names the source and record for the error message.
+      where: Names the source and record for the error message (or makes the
+        name, so that the hot path formats no string).
 
     Returns:
       A 1-D int32 array that does not share memory with cached state.
@@ -198,25 +201,31 @@ def _checked_int32(values: np.ndarray, vocab_size: int | None, where: str) -> np
     Raises:
       DataReadError: If an id is negative, >= vocab_size, or overflows int32.
     """
-    if values.size:
-        upper = _INT32_MAX + 1 if vocab_size is None else vocab_size
-        lo, hi = int(values.min()), int(values.max())
-        if lo < 0 or hi >= upper:
-            bad = np.flatnonzero((values < 0) | (values >= upper))[0]
-            bad_id = int(values[bad])
-            if vocab_size is None:
-                detail = (
-                    f"token id {bad_id} at position {bad} is not a valid token id "
-                    "(ids must be in [0, 2**31))"
-                )
-            else:
-                detail = (
-                    f"token id {bad_id} at position {bad} is outside [0, {vocab_size}) "
-                    f"for vocab_size={vocab_size}; the data was tokenized with a different "
-                    "vocabulary, or vocab_size/tokenizer is wrong"
-                )
-            raise DataReadError(f"{where}: {detail}.")
+    upper = _INT32_MAX + 1 if vocab_size is None else vocab_size
+    if values.size and not _in_range(values, upper):
+        bad = np.flatnonzero((values < 0) | (values >= upper))[0]
+        bad_id = int(values[bad])
+        if vocab_size is None:
+            detail = (
+                f"token id {bad_id} at position {bad} is not a valid token id "
+                "(ids must be in [0, 2**31))"
+            )
+        else:
+            detail = (
+                f"token id {bad_id} at position {bad} is outside [0, {vocab_size}) "
+                f"for vocab_size={vocab_size}; the data was tokenized with a different "
+                "vocabulary, or vocab_size/tokenizer is wrong"
+            )
+        raise DataReadError(f"{where if isinstance(where, str) else where()}: {detail}.")
     return np.array(values, dtype=np.int32, copy=True)
+
+
+def _in_range(values: np.ndarray, upper: int) -> bool:
+    """Whether every id is in [0, upper), in one pass for int32 (upper <= 2**31)."""
+    if values.dtype == np.int32:
+        # Negative int32 ids read as unsigned are >= 2**31 >= upper.
+        return int(values.view(np.uint32).max()) < upper
+    return int(values.min()) >= 0 and int(values.max()) < upper
 
 
 def _decode_utf8(raw: bytes, where: str) -> str:
@@ -358,23 +367,28 @@ class ArrayRecordSource(TokenSource):
 
     def _read_local(self, file_idx: int, local: int, global_index: int) -> np.ndarray:
         """Reads and decodes record `local` of file `file_idx`."""
-        path = self._files[file_idx]
-        where = f"ArrayRecordSource: record {local} of file {path!r} (global index {global_index})"
+
+        def where() -> str:
+            path = self._files[file_idx]
+            return (
+                f"ArrayRecordSource: record {local} of file {path!r} (global index {global_index})"
+            )
+
         try:
             raw = self._sources[file_idx][local]
         except Exception as e:
-            raise DataReadError(f"{where}: could not be read ({type(e).__name__}: {e}).") from e
+            raise DataReadError(f"{where()}: could not be read ({type(e).__name__}: {e}).") from e
         if self._record_format == "tokens":
             if len(raw) % 4:
                 raise DataReadError(
-                    f"{where}: has {len(raw)} bytes, not a multiple of 4, so it is not valid int32 "
-                    "token bytes (record_format='tokens'); if the records hold UTF-8 text use "
-                    "record_format='text'."
+                    f"{where()}: has {len(raw)} bytes, not a multiple of 4, so it is not valid "
+                    "int32 token bytes (record_format='tokens'); if the records hold UTF-8 text "
+                    "use record_format='text'."
                 )
             values = np.frombuffer(raw, dtype="<i4")
         else:
             assert self._tokenizer is not None
-            values = self._tokenizer.encode(_decode_utf8(raw, where))
+            values = self._tokenizer.encode(_decode_utf8(raw, where()))
         return _checked_int32(values, self.vocab_size, where)
 
     def __repr__(self) -> str:
