@@ -92,6 +92,7 @@ def iterators_from_config(
     )
     train.data_config = cfg
     train.source_documents = dict(zip([spec.name for spec in mixed], lengths, strict=True))
+    train.sources = dict(zip([spec.name for spec in mixed], sources, strict=True))
     if cfg.num_epochs is not None and len(mixed) == 1:
         _set_epoch_length(
             train, sources[0], cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder

@@ -31,11 +31,12 @@ from xlstm_data.mixing import (
     mix_components,
     normalize_weights,
 )
-from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
+from xlstm_data.multihost_iterator import MultiHostDataLoadIterator, is_infinite_stream
 from xlstm_data.packing import pack_examples, pad_examples
 from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.reading import read_options
 from xlstm_data.sources import as_token_source
+from xlstm_data.worker_batching import batch_in_workers
 
 __all__ = [
     "make_grain_llm_dataset",
@@ -203,8 +204,12 @@ def make_grain_multihost_iterator(
       dataset_weights: Mixture weights, a sequence in dataset order or a
         mapping by name; normalised, 0 drops a dataset, None is equal weights.
         Mixed datasets must repeat forever (`num_epochs=None`).
-      worker_count: grain worker processes (0: none).
-      worker_buffer_size: Elements buffered per worker (or thread prefetch).
+      worker_count: grain worker processes (0: none). Endless streams are
+        batched in the workers (in micro-batches of the greatest common
+        divisor of the ramp-up's host batch sizes, joined per step here);
+        finite ones send rows.
+      worker_buffer_size: Micro-batches (rows for a finite stream) buffered
+        per worker, or batches for thread prefetch.
       drop_remainder: Drop the last partial batch (and, on several hosts, stop
         at the first host's end); otherwise pad it with segmentation-0 rows.
       batch_class: Class of the yielded batches.
@@ -247,16 +252,22 @@ def make_grain_multihost_iterator(
         key="batch_rampup_factors",
     )
     rows = mix_components(components, weights)
-    if use_thread_prefetch:
-        if worker_count:
-            logging.info("use_thread_prefetch=True: ignoring worker_count=%d", worker_count)
-    elif worker_count > 0:
-        rows = rows.mp_prefetch(
-            grain.MultiprocessingOptions(
-                num_workers=worker_count, per_worker_buffer_size=worker_buffer_size
-            )
+    workers = grain.MultiprocessingOptions(
+        num_workers=worker_count, per_worker_buffer_size=worker_buffer_size
+    )
+    if use_thread_prefetch and worker_count:
+        logging.info("use_thread_prefetch=True: ignoring worker_count=%d", worker_count)
+    if use_thread_prefetch or worker_count == 0:
+        batches = ScheduledBatchIterDataset(rows, schedule, drop_remainder=drop_remainder)
+    elif is_infinite_stream(rows):
+        host_batch_sizes = [stage.host_batch_size for stage in schedule.stages()]
+        batches = batch_in_workers(
+            rows, schedule, host_batch_sizes, workers, drop_remainder=drop_remainder
         )
-    batches = ScheduledBatchIterDataset(rows, schedule, drop_remainder=drop_remainder)
+    else:  # see worker_batching: a finite stream's workers end unevenly
+        batches = ScheduledBatchIterDataset(
+            rows.mp_prefetch(workers), schedule, drop_remainder=drop_remainder
+        )
     if use_thread_prefetch:
         batches = grain.experimental.ThreadPrefetchIterDataset(
             batches, prefetch_buffer_size=worker_buffer_size

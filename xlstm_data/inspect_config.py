@@ -135,7 +135,9 @@ def inspect_config(
     )
     print("\ntrain sources:", file=out)
     for spec in data.train:
-        documents, tokens, exact = _source_counts(spec.build())
+        # Sources of weight 0 are not in the iterator, so open them here.
+        source = train.sources[spec.name] if spec.name in train.sources else spec.build()
+        documents, tokens, exact = _source_counts(source)
         share = weights.get(spec.name, 0.0)
         plan["sources"].append(
             {

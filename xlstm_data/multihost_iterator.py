@@ -138,6 +138,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self.data_counters = DataCounters(self.component_names)
         #: Documents found per train dataset (fingerprinted in checkpoints).
         self.source_documents: Mapping[str, int] | None = None
+        #: The document sources the train datasets were built on, by name (for
+        #: tools like `inspect` that would otherwise open them a second time).
+        self.sources: Mapping[str, Any] = {}
         self.layout = data_host_layout(global_mesh)
         self.sharding = data_sharding(global_mesh)
         if sync_end is None:
