@@ -35,6 +35,7 @@ from xlstm_data.multihost_iterator import MultiHostDataLoadIterator, is_infinite
 from xlstm_data.packing import pack_examples, pad_examples
 from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.reading import read_options
+from xlstm_data.source_dataset import SourceDataset
 from xlstm_data.sources import as_token_source
 from xlstm_data.worker_batching import batch_in_workers
 
@@ -54,7 +55,7 @@ def _as_map_dataset(dataset: Any) -> grain.MapDataset:
             "dataset must support random access (a grain.MapDataset or a Sequence with "
             f"__len__/__getitem__), got the iterable {type(dataset).__name__}"
         )
-    return grain.MapDataset.source(as_token_source(dataset))
+    return SourceDataset(as_token_source(dataset))
 
 
 #: Smallest default number of open rows when packing (see `bench/packing.py`).

@@ -360,7 +360,15 @@ class ArrayRecordSource(TokenSource):
         start = self._ends[file_idx - 1] if file_idx else 0
         return self._files[file_idx], index - start
 
+    def __getitem__(self, index: SupportsIndex) -> Document:
+        i = operator.index(index)
+        if 0 <= i < self._num_records:  # the hot path: read in pipeline order
+            return {"tokens": self._read(i)}
+        return super().__getitem__(index)  # negative indices, IndexError
+
     def _read(self, index: int) -> np.ndarray:
+        if len(self._ends) == 1:
+            return self._read_local(0, index, index)
         file_idx = bisect.bisect_right(self._ends, index)
         start = self._ends[file_idx - 1] if file_idx else 0
         return self._read_local(file_idx, index - start, index)
