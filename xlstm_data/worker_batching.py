@@ -153,7 +153,7 @@ class _JoinedBatchIterator(grain.DatasetIterator):
         if not parts or (len(parts) * self._micro < batch_size and self._drop_remainder):
             raise StopIteration
         self._step += 1
-        batch = join_batches(parts, self._pad_value)
+        batch = parts[0] if len(parts) == 1 else join_batches(parts, self._pad_value)
         missing = batch_size - len(parts) * self._micro
         if missing:  # the stream ended: fill up with padding rows, as in-process batching does
             filler = {
