@@ -61,7 +61,7 @@ class Sizes:
     ceiling_records: int
 
 
-FULL = Sizes(1024, 8, 10, 100, 5, 200, 10_000)
+FULL = Sizes(1024, 8, 10, 300, 7, 200, 10_000)
 TINY = Sizes(128, 4, 2, 6, 1, 20, 200)
 
 
