@@ -9,6 +9,7 @@ later runs and the tests reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -126,6 +127,25 @@ def rss_mb() -> float:
         with open("/proc/self/statm") as f:
             pages = int(f.read().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def cpu_secs() -> float:
+    """CPU seconds used so far by this process (all threads) and its live children.
+
+    Children count while they run, so grain worker processes are included when
+    they are alive at both readings of a measurement.
+    """
+    try:
+        import psutil
+    except ImportError:
+        times = os.times()
+        return times.user + times.system
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # ended between listing and reading
+            total += sum(child.cpu_times()[:2])
+    return total
 
 
 # ----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ NAME = "throughput"
 EOD = 1
 TARGET_RATIO = 0.95
 SUBJECTS = ("ceiling", "grain", "ours_host", "ours_global")
+#: Subjects whose CPU time per token is also measured (process + live workers):
+#: unlike tokens/s it does not depend on how 2 cores were shared that moment.
+CPU_SUBJECTS = ("grain", "ours_host")
 #: The grain baseline reads ahead as our pipeline does by default
 #: (`xlstm_data.reading`), so both sides do the same reading work.
 BASELINE_READ_OPTIONS = grain.ReadOptions(
@@ -61,7 +64,7 @@ class Sizes:
     ceiling_records: int
 
 
-FULL = Sizes(1024, 8, 10, 300, 7, 200, 10_000)
+FULL = Sizes(1024, 8, 10, 300, 11, 200, 10_000)
 TINY = Sizes(128, 4, 2, 6, 1, 20, 200)
 
 
@@ -201,16 +204,18 @@ def grain_pipeline(
 
 def _host_batches_per_sec(
     make_iterator: Callable[[], Any], token_field: str, sizes: Sizes
-) -> float:
+) -> tuple[float, float]:
+    """Tokens per second, and CPU seconds per million tokens (workers included)."""
     iterator = make_iterator()
     try:
         for _ in range(sizes.warmup_batches):
             next(iterator)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), common.cpu_secs()
         tokens = 0
         for _ in range(sizes.timed_batches):
             tokens += int(np.count_nonzero(next(iterator)[token_field]))
-        return tokens / (time.perf_counter() - started)
+        elapsed, cpu = time.perf_counter() - started, common.cpu_secs() - cpu_started
+        return tokens / elapsed, cpu / tokens * 1e6
     finally:
         common.close_iterator(iterator)
 
@@ -310,10 +315,15 @@ def measure_variant(
         "ours_global": lambda: _global_tokens_per_sec(ours_global, sizes),
     }
     values: dict[str, list[float]] = {s: [] for s in SUBJECTS}
+    cpu: dict[str, list[float]] = {s: [] for s in CPU_SUBJECTS}
     try:
         for round_index in range(sizes.repeats):
             for subject in common.rotated(SUBJECTS, round_index):
-                values[subject].append(measure[subject]())
+                result = measure[subject]()
+                if subject in CPU_SUBJECTS:
+                    result, cpu_per_mtoken = result
+                    cpu[subject].append(cpu_per_mtoken)
+                values[subject].append(result)
             logging.info(
                 "bench throughput %s round %d: %s",
                 variant.name,
@@ -333,6 +343,8 @@ def measure_variant(
         "ours_over_ceiling": _ratios(values["ours_host"], values["ceiling"]),
         "grain_over_ceiling": _ratios(values["grain"], values["ceiling"]),
         "ours_global_over_grain": _ratios(values["ours_global"], values["grain"]),
+        "cpu_secs_per_million_tokens": {s: common.summarize(v) for s, v in cpu.items()},
+        "grain_cpu_over_ours_cpu": _ratios(cpu["grain"], cpu["ours_host"]),
     }
 
 
@@ -416,11 +428,12 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
         ratio = variant["ours_over_grain"]
         ceiling = variant["ours_over_ceiling"]["median"]
         tokens = variant["tokens_per_sec"]["ours_host"]["median"] / 1e6
+        cpu = variant["grain_cpu_over_ours_cpu"]["median"]
         rows.append(
             (
                 f"ours/grain {name}",
                 f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}); "
-                f"{tokens:.2f}M tok/s; ours/ceiling {ceiling:.2f}",
+                f"{tokens:.2f}M tok/s; ours/ceiling {ceiling:.2f}; grain/ours CPU {cpu:.2f}",
                 f">= {TARGET_RATIO}",
                 "yes" if met[f"{name}.ours_over_grain"] else "NO",
             )
