@@ -53,8 +53,7 @@ def form_global_batch(
     """
     local = dict(local)
     global_shapes = {
-        key: (array.shape[0] * host_count,) + tuple(array.shape[1:])
-        for key, array in local.items()
+        key: (array.shape[0] * host_count,) + tuple(array.shape[1:]) for key, array in local.items()
     }
     # One call for all fields: on one process it is a single batched transfer.
     return jax.make_array_from_process_local_data(sharding, local, global_shapes)

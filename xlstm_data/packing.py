@@ -13,14 +13,16 @@ import dataclasses
 import grain
 import numpy as np
 
+from xlstm_data.row_map import RowMapIterDataset
+
 _SEQUENCE_FEATURES = ("inputs", "targets")
 
 
 @dataclasses.dataclass(frozen=True)
-class _RenamePackedFeatures(grain.transforms.Map):
+class _RenamePackedFeatures:
     """Maps grain's `<f>_segment_ids` / `<f>_positions` to our field names."""
 
-    def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {}
         for feature in _SEQUENCE_FEATURES:
             out[feature] = np.asarray(element[feature], dtype=np.int32)
@@ -32,12 +34,12 @@ class _RenamePackedFeatures(grain.transforms.Map):
 
 
 @dataclasses.dataclass(frozen=True)
-class _PadExample(grain.transforms.Map):
+class _PadExample:
     """Adds segmentation and positions to one example, optionally padding it."""
 
     length: int | None
 
-    def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {}
         for feature in _SEQUENCE_FEATURES:
             tokens = np.asarray(element[feature], dtype=np.int32)
@@ -75,9 +77,9 @@ def pack_examples(
         num_packing_bins=num_packing_bins,
         seed=seed,
     )
-    return packed.map(_RenamePackedFeatures())
+    return RowMapIterDataset(packed, _RenamePackedFeatures())
 
 
 def pad_examples(dataset: grain.IterDataset, max_target_length: int | None) -> grain.IterDataset:
     """One example per row, padded to `max_target_length` (or left ragged if None)."""
-    return dataset.map(_PadExample(max_target_length))
+    return RowMapIterDataset(dataset, _PadExample(max_target_length))
