@@ -2,7 +2,7 @@
 
 Over the prepared lognormal ArrayRecord corpus, for every variant (packed or
 padded rows, 0 or 2 grain worker processes, one source or the 3-source
-mixture), three pipelines run in the same process, in rotating order, for
+mixture), four subjects run in the same process, in rotating order, for
 several rounds:
 
 - `ceiling`: read and decode the same records (shuffled, mixed), nothing else;
@@ -17,9 +17,10 @@ several rounds:
 - `ours_global`: the full `MultiHostDataLoadIterator` (global jax.Arrays on a
   one-device mesh, background prefetch).
 
-Tokens are non-padding target tokens, which equal the documents' tokens for
-every pipeline, so all figures are comparable. Ratios are taken per round
-(paired) and reported as median with min and max.
+`grain` and `ours_host` take turns, `TURN_BATCHES` at a time, so both see the
+same moments of the shared machine. Tokens are non-padding target tokens, which
+equal the documents' tokens for every pipeline, so all figures are comparable.
+Ratios are taken per round (paired) and reported as median with min and max.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ NAME = "throughput"
 EOD = 1
 TARGET_RATIO = 0.95
 SUBJECTS = ("ceiling", "grain", "ours_host", "ours_global")
-#: Subjects whose CPU time per token is also measured (process + live workers):
-#: unlike tokens/s it does not depend on how 2 cores were shared that moment.
+#: Subjects measured taking turns (see `_paired_host_rates`), with CPU time too.
 CPU_SUBJECTS = ("grain", "ours_host")
 #: The grain baseline reads ahead as our pipeline does by default
 #: (`xlstm_data.reading`), so both sides do the same reading work.
@@ -202,22 +202,51 @@ def grain_pipeline(
 # ----------------------------------------------------------------------------
 
 
-def _host_batches_per_sec(
-    make_iterator: Callable[[], Any], token_field: str, sizes: Sizes
-) -> tuple[float, float]:
-    """Tokens per second, and CPU seconds per million tokens (workers included)."""
-    iterator = make_iterator()
+#: Batches timed per turn when the grain baseline and our host pipeline take
+#: turns: both see the same moments of a shared machine, so their ratio is
+#: steadier than that of two runs one after the other.
+TURN_BATCHES = 20
+
+
+def _paired_host_rates(
+    make_iterators: Mapping[str, Callable[[], Any]],
+    token_fields: Mapping[str, str],
+    sizes: Sizes,
+) -> dict[str, tuple[float, float]]:
+    """Tokens/s and CPU seconds per million tokens of pipelines taking turns.
+
+    Each pipeline is warmed up, then they alternate `TURN_BATCHES` at a time
+    until each has produced `sizes.timed_batches`. A pipeline that is not
+    taking its turn is idle: its readers and workers stop once their buffers
+    are full. CPU time counts this process and its live worker processes.
+    """
+    iterators = {}
     try:
-        for _ in range(sizes.warmup_batches):
-            next(iterator)
-        started, cpu_started = time.perf_counter(), common.cpu_secs()
-        tokens = 0
-        for _ in range(sizes.timed_batches):
-            tokens += int(np.count_nonzero(next(iterator)[token_field]))
-        elapsed, cpu = time.perf_counter() - started, common.cpu_secs() - cpu_started
-        return tokens / elapsed, cpu / tokens * 1e6
+        for name, make in make_iterators.items():
+            iterators[name] = make()
+            for _ in range(sizes.warmup_batches):
+                next(iterators[name])
+        elapsed = dict.fromkeys(iterators, 0.0)
+        cpu = dict.fromkeys(iterators, 0.0)
+        tokens = dict.fromkeys(iterators, 0)
+        done = 0
+        while done < sizes.timed_batches:
+            turn = min(TURN_BATCHES, sizes.timed_batches - done)
+            for name, iterator in iterators.items():
+                field = token_fields[name]
+                started, cpu_started = time.perf_counter(), common.cpu_secs()
+                for _ in range(turn):
+                    tokens[name] += int(np.count_nonzero(next(iterator)[field]))
+                elapsed[name] += time.perf_counter() - started
+                cpu[name] += common.cpu_secs() - cpu_started
+            done += turn
+        return {
+            name: (tokens[name] / elapsed[name], cpu[name] / tokens[name] * 1e6)
+            for name in iterators
+        }
     finally:
-        common.close_iterator(iterator)
+        for iterator in iterators.values():
+            common.close_iterator(iterator)
 
 
 def _global_tokens_per_sec(make_iterator: Callable[[], Any], sizes: Sizes) -> float:
@@ -304,26 +333,25 @@ def measure_variant(
 
     baseline = grain_pipeline(files, weights, seeds, max_lengths, variant, sizes)
 
+    paired = {"grain": lambda: iter(baseline), "ours_host": lambda: iter(host_dataset)}
+    paired_fields = {"grain": "targets_segment_ids", "ours_host": "targets_segmentation"}
     measure = {
-        "ceiling": lambda: _ceiling_tokens_per_sec(files, weights, seeds, sizes),
-        "grain": lambda: _host_batches_per_sec(
-            lambda: iter(baseline), "targets_segment_ids", sizes
+        "ceiling": lambda: {"ceiling": _ceiling_tokens_per_sec(files, weights, seeds, sizes)},
+        "grain+ours_host": lambda: _paired_host_rates(
+            dict(common.rotated(list(paired.items()), round_index)), paired_fields, sizes
         ),
-        "ours_host": lambda: _host_batches_per_sec(
-            lambda: iter(host_dataset), "targets_segmentation", sizes
-        ),
-        "ours_global": lambda: _global_tokens_per_sec(ours_global, sizes),
+        "ours_global": lambda: {"ours_global": _global_tokens_per_sec(ours_global, sizes)},
     }
     values: dict[str, list[float]] = {s: [] for s in SUBJECTS}
     cpu: dict[str, list[float]] = {s: [] for s in CPU_SUBJECTS}
     try:
         for round_index in range(sizes.repeats):
-            for subject in common.rotated(SUBJECTS, round_index):
-                result = measure[subject]()
-                if subject in CPU_SUBJECTS:
-                    result, cpu_per_mtoken = result
-                    cpu[subject].append(cpu_per_mtoken)
-                values[subject].append(result)
+            for unit in common.rotated(list(measure), round_index):
+                for subject, result in measure[unit]().items():
+                    if subject in CPU_SUBJECTS:
+                        result, cpu_per_mtoken = result
+                        cpu[subject].append(cpu_per_mtoken)
+                    values[subject].append(result)
             logging.info(
                 "bench throughput %s round %d: %s",
                 variant.name,
