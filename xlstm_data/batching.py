@@ -110,17 +110,28 @@ class _ScheduledBatchIterator(grain.DatasetIterator):
         if self._exhausted:
             raise StopIteration
         batch_size = self._batch_size_at(self._step)
-        rows = []
-        for _ in range(batch_size):
+        items = []
+        for _ in range(self._items_per_batch(batch_size)):
             try:
-                rows.append(next(self._parent))
+                items.append(next(self._parent))
             except StopIteration:
                 self._exhausted = True
                 break
-        if not rows or (len(rows) < batch_size and self._drop_remainder):
+        if not items or (self._rows_in(items) < batch_size and self._drop_remainder):
             raise StopIteration
         self._step += 1
-        return stack_rows(rows, batch_size, self._pad_value)
+        return self._combine(items, batch_size)
+
+    # What an item of the parent is (a row here; a micro-batch in worker batching).
+
+    def _items_per_batch(self, batch_size: int) -> int:
+        return batch_size
+
+    def _rows_in(self, items: list[Any]) -> int:
+        return len(items)
+
+    def _combine(self, items: list[Any], batch_size: int) -> dict[str, np.ndarray]:
+        return stack_rows(items, batch_size, self._pad_value)
 
     def get_state(self) -> dict[str, Any]:
         return {"parent": self._parent.get_state(), "step": self._step}

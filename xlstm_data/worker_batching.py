@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from xlstm_data.batch import padding_value
-from xlstm_data.batching import BatchSizeFn, ScheduledBatchIterDataset
+from xlstm_data.batching import BatchSizeFn, ScheduledBatchIterDataset, _ScheduledBatchIterator
 from xlstm_data.errors import DataConfigError
 from xlstm_data.multihost_iterator import is_infinite_stream
 
@@ -120,7 +120,9 @@ class JoinedBatchIterDataset(grain.IterDataset):
         return f"JoinedBatchIterDataset(micro_batch_size={self._micro})"
 
 
-class _JoinedBatchIterator(grain.DatasetIterator):
+class _JoinedBatchIterator(_ScheduledBatchIterator):
+    """Batches as `ScheduledBatchIterDataset` does, from micro-batches instead of rows."""
+
     def __init__(
         self,
         parent: grain.DatasetIterator,
@@ -129,32 +131,20 @@ class _JoinedBatchIterator(grain.DatasetIterator):
         drop_remainder: bool,
         pad_value: int,
     ):
-        super().__init__(parent)
-        self._batch_size_at = batch_size_at
+        super().__init__(parent, batch_size_at, drop_remainder, pad_value)
         self._micro = micro
-        self._drop_remainder = drop_remainder
-        self._pad_value = pad_value
-        self._step = 0
-        self._exhausted = False
 
-    def __next__(self) -> dict[str, Any]:
-        if self._exhausted:
-            raise StopIteration
-        batch_size = self._batch_size_at(self._step)
+    def _items_per_batch(self, batch_size: int) -> int:
         if batch_size % self._micro:
             raise AssertionError(f"batch size {batch_size} is not a multiple of {self._micro}")
-        parts = []
-        for _ in range(batch_size // self._micro):
-            try:
-                parts.append(next(self._parent))
-            except StopIteration:
-                self._exhausted = True
-                break
-        if not parts or (len(parts) * self._micro < batch_size and self._drop_remainder):
-            raise StopIteration
-        self._step += 1
-        batch = parts[0] if len(parts) == 1 else join_batches(parts, self._pad_value)
-        missing = batch_size - len(parts) * self._micro
+        return batch_size // self._micro
+
+    def _rows_in(self, items: list[Any]) -> int:
+        return len(items) * self._micro
+
+    def _combine(self, items: list[Any], batch_size: int) -> dict[str, Any]:
+        batch = items[0] if len(items) == 1 else join_batches(items, self._pad_value)
+        missing = batch_size - len(items) * self._micro
         if missing:  # the stream ended: fill up with padding rows, as in-process batching does
             filler = {
                 k: np.full((missing,) + v.shape[1:], padding_value(k, self._pad_value), v.dtype)
@@ -162,14 +152,6 @@ class _JoinedBatchIterator(grain.DatasetIterator):
             }
             batch = join_batches([batch, filler], self._pad_value)
         return batch
-
-    def get_state(self) -> dict[str, Any]:
-        return {"parent": self._parent.get_state(), "step": self._step}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state["parent"])
-        self._step = int(state["step"])
-        self._exhausted = False
 
     def __str__(self) -> str:
         return f"JoinedBatchIterator(step={self._step}, micro_batch_size={self._micro})"
