@@ -295,6 +295,15 @@ def _ratios(numerator: list[float], denominator: list[float]) -> dict[str, Any]:
     return common.summarize([a / b for a, b in zip(numerator, denominator, strict=True)])
 
 
+def _cpu_ratios(grain_cpu: list[float], ours_cpu: list[float]) -> dict[str, Any] | None:
+    """grain/ours CPU per token over the rounds where both used measurable CPU.
+
+    psutil's CPU clock ticks every 10 ms, so a tiny run can read 0; None then.
+    """
+    rounds = [(g, o) for g, o in zip(grain_cpu, ours_cpu, strict=True) if g > 0 and o > 0]
+    return _ratios(*map(list, zip(*rounds, strict=True))) if rounds else None
+
+
 def measure_variant(
     variant: Variant,
     files: Mapping[str, list[str]],
@@ -372,7 +381,7 @@ def measure_variant(
         "grain_over_ceiling": _ratios(values["grain"], values["ceiling"]),
         "ours_global_over_grain": _ratios(values["ours_global"], values["grain"]),
         "cpu_secs_per_million_tokens": {s: common.summarize(v) for s, v in cpu.items()},
-        "grain_cpu_over_ours_cpu": _ratios(cpu["grain"], cpu["ours_host"]),
+        "grain_cpu_over_ours_cpu": _cpu_ratios(cpu["grain"], cpu["ours_host"]),
     }
 
 
@@ -456,12 +465,13 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
         ratio = variant["ours_over_grain"]
         ceiling = variant["ours_over_ceiling"]["median"]
         tokens = variant["tokens_per_sec"]["ours_host"]["median"] / 1e6
-        cpu = variant["grain_cpu_over_ours_cpu"]["median"]
+        cpu_ratio = variant["grain_cpu_over_ours_cpu"]
+        cpu = "n/a" if cpu_ratio is None else f"{cpu_ratio['median']:.2f}"
         rows.append(
             (
                 f"ours/grain {name}",
                 f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}); "
-                f"{tokens:.2f}M tok/s; ours/ceiling {ceiling:.2f}; grain/ours CPU {cpu:.2f}",
+                f"{tokens:.2f}M tok/s; ours/ceiling {ceiling:.2f}; grain/ours CPU {cpu}",
                 f">= {TARGET_RATIO}",
                 "yes" if met[f"{name}.ours_over_grain"] else "NO",
             )
