@@ -157,6 +157,11 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     primary = jax.process_index() == 0
     mesh = create_mesh(config.mesh.axis_dims)
     train_iter, eval_iters = iterators_from_config(config.data, mesh)
+    manager = checkpoint_manager(
+        workdir_path / "checkpoints", max_to_keep=_setting(config, "checkpoint.max_to_keep")
+    )
+    if manager.latest_step() is None:  # nothing to restore: fill packing bins during init
+        train_iter.start_prefetch()
     num_steps = int(_setting(config, "num_train_steps"))
     seq_len = int(config.data.max_target_length)
 
@@ -175,9 +180,6 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         out_shardings=replicated,
     )
     state = init(jax.random.key(int(_setting(config, "seed"))))
-    manager = checkpoint_manager(
-        workdir_path / "checkpoints", max_to_keep=_setting(config, "checkpoint.max_to_keep")
-    )
     state, start_step = restore_or_initialize(
         manager,
         train_iter,
