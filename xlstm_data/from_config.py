@@ -55,15 +55,13 @@ def iterators_from_config(
     if cfg.eval:
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     mixed = [s for s in cfg.train if s.weight > 0]
-    components, lengths, sources = {}, [], []
+    sources = {spec.name: spec.build() for spec in mixed}
+    components = {}
     for spec in mixed:
-        source = spec.build()
-        sources.append(source)
-        lengths.append(len(source))
         components[spec.name] = make_grain_llm_dataset(
             layout.host_index,
             layout.host_count,
-            source,
+            sources[spec.name],
             cfg.global_batch_size,
             cfg.max_target_length,
             cfg.shuffle,
@@ -79,7 +77,7 @@ def iterators_from_config(
         )
     train = make_grain_multihost_iterator(
         components,
-        lengths,
+        [len(source) for source in sources.values()],
         mesh,
         cfg.global_batch_size,
         layout.host_count,
@@ -91,11 +89,11 @@ def iterators_from_config(
         prefetch=cfg.prefetch,
     )
     train.data_config = cfg
-    train.source_documents = dict(zip([spec.name for spec in mixed], lengths, strict=True))
-    train.sources = dict(zip([spec.name for spec in mixed], sources, strict=True))
+    train.sources = sources
     if cfg.num_epochs is not None and len(mixed) == 1:
+        (only,) = sources.values()
         _set_epoch_length(
-            train, sources[0], cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder
+            train, only, cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder
         )
     eval_sources = {spec.name: spec.build() for spec in cfg.eval}
     evals = {

@@ -136,10 +136,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         #: What was handed out so far (tokens, padding, per component, wait time);
         #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
-        #: Documents found per train dataset (fingerprinted in checkpoints).
-        self.source_documents: Mapping[str, int] | None = None
         #: The document sources the train datasets were built on, by name (for
-        #: tools like `inspect` that would otherwise open them a second time).
+        #: `source_documents`, and for tools like `inspect` that would otherwise
+        #: open them a second time).
         self.sources: Mapping[str, Any] = {}
         self.layout = data_host_layout(global_mesh)
         self.sharding = data_sharding(global_mesh)
@@ -152,6 +151,11 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._local_iterator: Any = None
         self.state_set = False
         self._restart(None)
+
+    @property
+    def source_documents(self) -> dict[str, int] | None:
+        """Documents found per train dataset (fingerprinted in checkpoints)."""
+        return {name: len(source) for name, source in self.sources.items()} or None
 
     # Lifecycle ---------------------------------------------------------------
 
