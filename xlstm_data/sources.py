@@ -93,15 +93,15 @@ class TokenSource(abc.ABC):
           IndexError: If `index` is out of range.
           DataReadError: If the stored document cannot be decoded.
         """
-        n = len(self)
         i = operator.index(index)
-        if i < 0:
+        n = len(self)
+        if not 0 <= i < n:  # in range is the hot path: the pipeline reads in order
+            if not -n <= i < 0:
+                raise IndexError(
+                    f"{type(self).__name__}: index {i} is out of range; "
+                    f"valid indices are 0..{n - 1}."
+                )
             i += n
-        if not 0 <= i < n:
-            raise IndexError(
-                f"{type(self).__name__}: index {operator.index(index)} is out of range; "
-                f"valid indices are 0..{n - 1}."
-            )
         return {"tokens": self._read(i)}
 
 
@@ -359,12 +359,6 @@ class ArrayRecordSource(TokenSource):
         file_idx = bisect.bisect_right(self._ends, index)
         start = self._ends[file_idx - 1] if file_idx else 0
         return self._files[file_idx], index - start
-
-    def __getitem__(self, index: SupportsIndex) -> Document:
-        i = operator.index(index)
-        if 0 <= i < self._num_records:  # the hot path: read in pipeline order
-            return {"tokens": self._read(i)}
-        return super().__getitem__(index)  # negative indices, IndexError
 
     def _read(self, index: int) -> np.ndarray:
         if len(self._ends) == 1:
