@@ -99,10 +99,7 @@ class CheckpointHook(StepAnchoredAction):
     def _should_trigger(self, step: int, t: float) -> bool:
         if self._every_secs is None or jax.process_count() == 1:
             return super()._should_trigger(step, t)
-        by_steps = (self._every_steps is not None and step % self._every_steps == 0) or (
-            step in self._on_steps
-        )
-        if by_steps:
+        if super()._should_trigger(step, self._previous_time):  # clock held: steps only
             return True
         if step % self.secs_check_every_steps:
             return False
