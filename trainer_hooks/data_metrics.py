@@ -90,9 +90,7 @@ class DataMetricsHook(StepAnchoredAction):
             "tokens_seen": totals[_TOKENS],
         }
         if getattr(self.iterator, "batch_schedule", None) is not None:
-            scalars["batch_size"] = self.iterator.batch_size_at(
-                max(self.iterator.step_counter - 1, 0)
-            )
+            scalars["batch_size"] = self.iterator.last_batch_size()
         names = self.iterator.component_names or ("all",)
         for name, component_tokens in zip(names, delta[_WAIT + 1 :], strict=False):
             scalars[f"share/{name}"] = component_tokens / tokens if tokens else 0.0

@@ -399,6 +399,10 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         """Global batch size of the batch handed out at `step`."""
         return self._require_schedule().global_batch_size_at(step)
 
+    def last_batch_size(self) -> int:
+        """Global batch size of the batch handed out last (the first, before any)."""
+        return self.batch_size_at(max(self.step_counter - 1, 0))
+
     def examples_seen(self, step: int | None = None) -> int:
         """Global examples (rows) handed out before `step` (default: now)."""
         step = self.step_counter if step is None else step
