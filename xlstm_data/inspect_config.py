@@ -22,7 +22,7 @@ import numpy as np
 from xlstm_data.config import validate_data_config
 from xlstm_data.errors import DataConfigError
 from xlstm_data.from_config import iterators_from_config
-from xlstm_data.mesh import create_mesh
+from xlstm_data.mesh import DEFAULT_AXIS_DIMS, create_mesh, parse_axis_spec
 from xlstm_data.rampup import BatchSizeSchedule
 from xlstm_data.tokenizers import get_tokenizer
 
@@ -63,13 +63,15 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> Any:
     return config
 
 
+def _mesh_axis_dims(config: Any) -> Any:
+    """The config's `mesh.axis_dims`, or `create_mesh`'s default."""
+    return config.get("mesh", {}).get("axis_dims", DEFAULT_AXIS_DIMS)
+
+
 def smallest_device_count(config: Any) -> int:
     """Devices the config's mesh needs at least (its fixed axis sizes; -1 counts as 1)."""
-    dims = config.get("mesh", {}).get("axis_dims", "dp:1,fsdp:-1,tp:1,sp:1")
-    if isinstance(dims, str):
-        sizes = [int(part.split(":")[1]) for part in dims.split(",") if ":" in part]
-    else:
-        sizes = [int(d) for d in dims]
+    dims = _mesh_axis_dims(config)
+    sizes = parse_axis_spec(dims)[0] if isinstance(dims, str) else [int(d) for d in dims]
     return int(np.prod([max(size, 1) for size in sizes]))
 
 
@@ -121,7 +123,7 @@ def inspect_config(
     """
     config = load_config(config_path, overrides)
     data = validate_data_config(config)
-    mesh_dims = config.get("mesh", {}).get("axis_dims", "dp:1,fsdp:-1,tp:1,sp:1")
+    mesh_dims = _mesh_axis_dims(config)
     mesh = create_mesh(mesh_dims)
     train, evals = iterators_from_config(config, mesh)
     layout = train.layout
