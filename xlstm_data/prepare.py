@@ -163,6 +163,21 @@ def _write_json_atomically(path: str, value: Any) -> None:
     os.replace(partial, path)
 
 
+def _prepared_shards(
+    jobs: Sequence[ShardJob], output_dir: str, workers: int
+) -> Iterator[dict[str, Any]]:
+    """Shard summaries as the shards finish, in this process or in `workers` processes."""
+    if workers == 1 or len(jobs) == 1:
+        for job in jobs:
+            yield prepare_shard(job, output_dir)
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [pool.submit(prepare_shard, job, output_dir) for job in jobs]
+        for future in concurrent.futures.as_completed(futures):
+            yield future.result()
+
+
 def prepare_corpus(
     inputs: Sequence[str],
     output_dir: str,
@@ -207,19 +222,10 @@ def prepare_corpus(
         for i, path in enumerate(files)
     ]
     summaries: dict[str, dict[str, Any]] = {}
-    if workers == 1 or len(jobs) == 1:
-        for job in jobs:
-            summaries[job.shard] = prepare_shard(job, output_dir)
-            if progress:
-                progress(len(summaries), len(jobs), summaries[job.shard])
-    else:
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = {pool.submit(prepare_shard, job, output_dir): job for job in jobs}
-            for future in concurrent.futures.as_completed(futures):
-                summaries[futures[future].shard] = future.result()
-                if progress:
-                    progress(len(summaries), len(jobs), summaries[futures[future].shard])
+    for summary in _prepared_shards(jobs, output_dir, workers):
+        summaries[summary["file"]] = summary
+        if progress:
+            progress(len(summaries), len(jobs), summary)
     shards = [summaries[job.shard] for job in jobs]
     lengths = np.concatenate(
         [np.load(_lengths_path(output_dir, s["file"])) for s in shards]
