@@ -23,10 +23,6 @@ class SourceDataset(grain.MapDataset):
         self._source = source
         self._length = len(source)
 
-    @property
-    def source(self) -> Any:
-        return self._source
-
     def __len__(self) -> int:
         return self._length
 
