@@ -60,7 +60,8 @@ DATA_DEFAULTS: dict[str, Any] = {
     "packing_bin_count": None,
     "shift": True,
     "shift_target": True,
-    "eod_token_id": 1,
+    # None: the tokenizer's own end-of-document id (resolved when sources are built).
+    "eod_token_id": None,
     "shuffle": True,
     "data_shuffle_seed": 0,
     "num_epochs": None,
@@ -119,7 +120,7 @@ class DataConfig:
     packing_bin_count: int | None
     shift: bool
     shift_target: bool
-    eod_token_id: int
+    eod_token_id: int | None
     shuffle: bool
     data_shuffle_seed: int
     num_epochs: int | None
@@ -269,7 +270,7 @@ def validate_data_config(config: Any) -> DataConfig:
         ),
         shift=_bool("data.shift", d["shift"]),
         shift_target=_bool("data.shift_target", d["shift_target"]),
-        eod_token_id=check_int("data.eod_token_id", d["eod_token_id"], 0),
+        eod_token_id=check_int("data.eod_token_id", d["eod_token_id"], 0, optional=True),
         shuffle=_bool("data.shuffle", d["shuffle"]),
         data_shuffle_seed=check_int("data.data_shuffle_seed", d["data_shuffle_seed"], 0),
         num_epochs=num_epochs,

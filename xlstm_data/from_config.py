@@ -56,6 +56,7 @@ def iterators_from_config(
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     mixed = [s for s in cfg.train if s.weight > 0]
     sources = {spec.name: spec.build() for spec in mixed}
+    eod_token_id = cfg.eod_token_id if cfg.eod_token_id is not None else 1
     components = {}
     for spec in mixed:
         components[spec.name] = make_grain_llm_dataset(
@@ -71,7 +72,7 @@ def iterators_from_config(
             grain_packing_bin_count=cfg.packing_bin_count,
             shift=cfg.shift,
             shift_target=cfg.shift_target,
-            eod_token_id=cfg.eod_token_id,
+            eod_token_id=eod_token_id,
             read_threads=cfg.read_threads,
             read_buffer_size=cfg.read_buffer_size,
         )
@@ -111,7 +112,7 @@ def iterators_from_config(
             grain_packing_bin_count=cfg.packing_bin_count,
             shift=cfg.shift,
             shift_target=cfg.shift_target,
-            eod_token_id=cfg.eod_token_id,
+            eod_token_id=eod_token_id,
             read_threads=cfg.read_threads,
             read_buffer_size=cfg.read_buffer_size,
             worker_count=0,
