@@ -47,3 +47,18 @@ def test_packed_length_is_a_marked_lower_bound():
     assert not train.epoch_length.exact and train.iterator_length is None
     produced = sum(1 for _ in train)
     assert train.epoch_length.steps <= produced <= 1.3 * train.epoch_length.steps
+
+
+def test_rampup_above_one_yields_larger_batches_and_an_exact_length():
+    """Factors above 1 scale global_batch_size up; the epoch length follows them."""
+    data = _data(False, True)
+    data["global_batch_size"] = 8
+    data["rampup"] = {"0": 0.5, "3": 1.0, "6": 2.0}  # 4, 8, then 16 rows per step
+    train, _ = iterators_from_config(data, xd.create_mesh())
+    assert [stage.global_batch_size for stage in train.batch_schedule.stages()] == [4, 8, 16]
+    assert train.epoch_length.exact
+    expected = train.iterator_length
+    train.iterator_length = None  # count what the data really yields
+    rows = [batch.inputs.shape[0] for batch in train]
+    assert len(rows) == expected > 6
+    assert rows[:7] == [4, 4, 4, 8, 8, 8, 16] and set(rows[6:]) == {16}

@@ -114,14 +114,14 @@ def test_pickle_round_trip() -> None:
 
 @st.composite
 def schedules(draw: st.DrawFn) -> BatchSizeSchedule:
-    """Random valid schedules: stage batches are multiples of dp up to the global batch."""
+    """Random valid schedules: stage batches are multiples of dp up to 3x the global batch."""
     hosts = draw(st.integers(1, 4))
     dp = hosts * draw(st.integers(1, 4))
     global_batch = dp * draw(st.integers(1, 16))
     n_extra = draw(st.integers(0, 4))
     later = draw(st.lists(st.integers(1, 200), min_size=n_extra, max_size=n_extra, unique=True))
     boundaries = [0, *sorted(later)]
-    multiples = st.integers(1, global_batch // dp)
+    multiples = st.integers(1, 3 * global_batch // dp)
     factors = [draw(multiples) * dp / global_batch for _ in boundaries]
     rampup = dict(zip(boundaries, factors, strict=True))
     return BatchSizeSchedule(global_batch, rampup, data_parallel_size=dp, host_count=hosts)
@@ -182,7 +182,7 @@ def test_stages_agree_with_pointwise_queries(schedule: BatchSizeSchedule, step: 
         ({0: None}, "None"),
         ({0: 0.0}, "0.0"),
         ({0: -0.5}, "-0.5"),
-        ({0: 1.5}, "1.5"),
+        ({0: float("inf")}, "inf"),
         ({0: float("nan")}, "nan"),
         ({10: 0.5, 20: 1.0}, "10"),
         ([[0, 0.5, 3]], "[0, 0.5, 3]"),
@@ -231,9 +231,14 @@ def test_stage_not_whole_number_names_step_and_factor() -> None:
         assert part in message, (part, message)
 
 
-def test_global_batch_smaller_than_dp_has_no_valid_factor() -> None:
-    with pytest.raises(DataConfigError, match="no factor works"):
+def test_global_batch_smaller_than_dp_suggests_a_factor_above_one() -> None:
+    with pytest.raises(DataConfigError) as info:
         BatchSizeSchedule(4, None, data_parallel_size=8, host_count=1)
+    message = str(info.value)
+    assert "factor 1.0" in message and "= 4" in message
+    assert "multiples of 8/4" in message and "2.0 (= 8/4)" in message
+    # The suggested factor is accepted.
+    assert BatchSizeSchedule(4, {0: 2.0}, data_parallel_size=8).global_batch_size_at(0) == 8
 
 
 @pytest.mark.parametrize(
@@ -279,6 +284,68 @@ def test_direct_rampup_schedule_is_validated() -> None:
         RampupSchedule((0, 10, 10), (0.25, 0.5, 1.0))
     with pytest.raises(DataConfigError, match="equal length"):
         RampupSchedule((0, 10), (0.5,))
-    with pytest.raises(DataConfigError, match="2.0"):
-        RampupSchedule((0,), (2.0,))
+    with pytest.raises(DataConfigError, match="-2.0"):
+        RampupSchedule((0,), (-2.0,))
+    assert RampupSchedule((0,), (2.0,)).factors == (2.0,)
     assert RampupSchedule([0, 10], [0.5, 1]) == RampupSchedule((0, 10), (0.5, 1.0))
+
+
+# Factors above 1 (xlstm-jax configs use 2.0): they scale the base batch up.
+
+
+def test_factors_above_one_scale_the_base_batch_up() -> None:
+    schedule = BatchSizeSchedule(
+        8, {0: 1.0, 5: 2.0, "9": 4}, data_parallel_size=4, host_count=2, key="data.rampup"
+    )
+    assert [schedule.global_batch_size_at(s) for s in (0, 4, 5, 8, 9, 100)] == [
+        8,
+        8,
+        16,
+        16,
+        32,
+        32,
+    ]
+    assert [schedule(s) for s in (0, 5, 9)] == [4, 8, 16]
+    assert schedule.stages() == [
+        Stage(start_step=0, end_step=5, factor=1.0, global_batch_size=8, host_batch_size=4),
+        Stage(start_step=5, end_step=9, factor=2.0, global_batch_size=16, host_batch_size=8),
+        Stage(start_step=9, end_step=None, factor=4.0, global_batch_size=32, host_batch_size=16),
+    ]
+    assert schedule.examples_seen(10) == 5 * 8 + 4 * 16 + 32
+    assert schedule.step_for_examples(5 * 8 + 4 * 16 + 1) == 10
+    # Fractions and factors above 1 mix; not cumulative: each scales the base batch.
+    mixed = BatchSizeSchedule(16, [[0, 0.5], [3, 1.5], [6, 2.0]], data_parallel_size=4)
+    assert [mixed.global_batch_size_at(s) for s in (0, 3, 6)] == [8, 24, 32]
+
+
+def test_factor_above_one_survives_json_and_pickle() -> None:
+    rampup = parse_rampup(json.loads(json.dumps({"0": 1.0, "100": 2.0})))
+    assert rampup == RampupSchedule((0, 100), (1.0, 2.0))
+    assert not rampup.is_constant
+    assert parse_rampup(rampup.to_pairs()) == rampup
+    schedule = BatchSizeSchedule(8, rampup, data_parallel_size=8)
+    assert pickle.loads(pickle.dumps(schedule)) == schedule
+
+
+def test_factor_above_one_still_checks_divisibility() -> None:
+    # 12 * 1.5 = 18 rows do not split over 4 data-parallel devices.
+    with pytest.raises(DataConfigError) as info:
+        BatchSizeSchedule(12, {0: 1.0, 7: 1.5}, data_parallel_size=4, key="batch_rampup_factors")
+    message = str(info.value)
+    for part in ("batch_rampup_factors", "step 7", "1.5", "= 18", "data-parallel size 4"):
+        assert part in message, (part, message)
+    assert "1.3333333333333333 (= 16/12)" in message and "1.6666666666666667 (= 20/12)" in message
+    # 10 * 2.25 = 22.5 is not a whole number of rows.
+    with pytest.raises(DataConfigError) as info:
+        BatchSizeSchedule(10, {0: 1.0, 3: 2.25}, data_parallel_size=2)
+    message = str(info.value)
+    for part in ("data.rampup", "step 3", "2.25", "22.5", "whole number", "(= 22/10)"):
+        assert part in message, (part, message)
+    # A stage above the base is checked like any other: 4 * 3.0 = 12 rows over dp 8.
+    with pytest.raises(DataConfigError, match="step 2 has factor 3.0.*= 12.*host_count 4"):
+        BatchSizeSchedule(4, {0: 2.0, 2: 3.0}, data_parallel_size=8, host_count=4)
+
+
+def test_factor_that_overflows_is_rejected() -> None:
+    with pytest.raises(DataConfigError, match="1e\\+308.*overflows"):
+        BatchSizeSchedule(8, {0: 1e308}, data_parallel_size=2)

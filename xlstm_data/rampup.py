@@ -5,10 +5,18 @@ in a few stages. This module turns a user's ramp-up config (``{step: factor}``) 
 validated, picklable schedule, in the style of an optax schedule: pure frozen
 dataclasses, queried by step.
 
-Semantics: a schedule is a set of step boundaries, each with a factor of the base
-global batch size. Factors are not cumulative: at step ``s`` the factor of the largest
-boundary ``<= s`` applies. Boundary 0 must be present. No ramp-up is the schedule
+Semantics (those of xlstm-jax's ``batch_rampup_factors``): a schedule is a set of step
+boundaries, each with a factor of the base global batch size (``global_batch_size``,
+the batch the ramp-up starts from). Factors are not cumulative: at step ``s`` the factor
+of the largest boundary ``<= s`` applies, so the stage batch is
+``global_batch_size * factor``. Any finite factor > 0 is accepted: factors below 1
+shrink the base batch (``{0: 0.25, 1000: 1.0}`` ramps up to the base batch), factors
+above 1 grow it (``{0: 1.0, 1000: 2.0}`` ramps up to twice the base batch, as
+xlstm-jax configs do). Boundary 0 must be present. No ramp-up is the schedule
 ``{0: 1.0}``.
+
+Unlike the reference, which truncates ``int(global_batch_size * factor)``, a stage batch
+must come out as a whole number exactly, so a factor never silently loses rows.
 
 Batch sizes only change at stage boundaries, so a jitted train step sees one batch
 shape per stage and compiles once per stage: the number of distinct shapes equals the
@@ -44,7 +52,10 @@ DEFAULT_KEY = "data.rampup"
 _INT_STRING = re.compile(r"[+-]?\d+")
 _TOLERANCE = 1e-9
 _VALID_STEPS = "steps must be integers >= 0 (ints, or strings of ints such as '100')"
-_VALID_FACTORS = "factors must be numbers in (0, 1] (fractions of the global batch size)"
+_VALID_FACTORS = (
+    "factors must be finite numbers > 0 that scale global_batch_size (0.5 halves it, "
+    "2.0 doubles it)"
+)
 _VALID_FORMS = (
     "a mapping {step: factor} such as {0: 0.25, 1000: 0.5, 5000: 1.0}, a list of "
     "[step, factor] pairs such as [[0, 0.25], [1000, 0.5]], or None / {} / [] for no ramp-up"
@@ -89,7 +100,7 @@ def _parse_factor(raw: Any, key: str, entry: str) -> float:
       entry: How the offending entry is shown in errors.
 
     Returns:
-      The factor as a float in (0, 1].
+      The factor as a finite float > 0.
     """
     if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
         raise DataConfigError(
@@ -97,7 +108,7 @@ def _parse_factor(raw: Any, key: str, entry: str) -> float:
             f"number; {_VALID_FACTORS}"
         )
     factor = float(raw)
-    if not (math.isfinite(factor) and 0.0 < factor <= 1.0):
+    if not (math.isfinite(factor) and factor > 0.0):
         raise DataConfigError(
             f"{key}: factor {raw!r} in entry {entry} is out of range; {_VALID_FACTORS}"
         )
@@ -137,7 +148,8 @@ class RampupSchedule:
 
     Attributes:
       boundaries: Strictly increasing steps, the first being 0.
-      factors: Fraction of the base global batch size from each boundary on, in (0, 1].
+      factors: Multiple of the base global batch size from each boundary on, each a
+        finite float > 0 (below 1 shrinks the base batch, above 1 grows it).
     """
 
     boundaries: tuple[int, ...]
@@ -208,7 +220,7 @@ def parse_rampup(value: Any, key: str = DEFAULT_KEY) -> RampupSchedule:
 
     Raises:
       DataConfigError: if a step is not an integer >= 0, steps repeat, a factor is not a
-        number in (0, 1], step 0 is missing, a pair is not of length 2, or `value` has
+        finite number > 0, step 0 is missing, a pair is not of length 2, or `value` has
         another type.
     """
     if isinstance(value, RampupSchedule):
@@ -264,7 +276,7 @@ class Stage:
     Attributes:
       start_step: First step of the stage.
       end_step: Exclusive end step, or None for the last stage (runs forever).
-      factor: Fraction of the base global batch size.
+      factor: Multiple of the base global batch size (may exceed 1).
       global_batch_size: Rows per step over all hosts.
       host_batch_size: Rows per step each data-loading host loads.
     """
@@ -279,32 +291,29 @@ class Stage:
 def _valid_factor_hint(global_batch_size: int, data_parallel_size: int, stage_batch: float) -> str:
     """Describes the factors nearest a bad one that give a valid stage batch.
 
+    A valid stage batch is any positive multiple of the data-parallel size, so the
+    valid factors are the multiples of ``data_parallel_size / global_batch_size``;
+    they may exceed 1 (a stage larger than the base batch).
+
     Args:
       global_batch_size: Base global batch size.
       data_parallel_size: Every stage batch must be a positive multiple of this.
       stage_batch: The (possibly fractional) stage batch the bad factor gives.
 
     Returns:
-      A sentence naming the nearest valid factors, or why none exist.
+      A sentence naming the nearest valid factors.
     """
-    largest = global_batch_size - global_batch_size % data_parallel_size
-    if largest < data_parallel_size:
-        return (
-            f"no factor works: global_batch_size {global_batch_size} is smaller than the "
-            f"data-parallel size {data_parallel_size}"
-        )
-    below = math.floor(stage_batch / data_parallel_size) * data_parallel_size
-    candidates = {
-        min(max(below, data_parallel_size), largest),
-        min(max(below + data_parallel_size, data_parallel_size), largest),
-    }
+    below = max(
+        math.floor(stage_batch / data_parallel_size) * data_parallel_size, data_parallel_size
+    )
+    candidates = {below, below + data_parallel_size} if below < stage_batch else {below}
     shown = ", ".join(
         f"{batch / global_batch_size!r} (= {batch}/{global_batch_size})"
         for batch in sorted(candidates)
     )
     return (
-        f"valid factors are multiples of {data_parallel_size}/{global_batch_size} in (0, 1]; "
-        f"nearest: {shown}"
+        f"valid factors are the multiples of {data_parallel_size}/{global_batch_size} "
+        f"(stage batches that are multiples of {data_parallel_size}); nearest: {shown}"
     )
 
 
@@ -316,7 +325,8 @@ class BatchSizeSchedule:
     passed (and pickled) as the batch-size function of a batching transformation.
 
     Attributes:
-      global_batch_size: Base global batch size (rows per step over all hosts at factor 1).
+      global_batch_size: Base global batch size (rows per step over all hosts at factor
+        1); each stage's factor scales it, and may be above 1.
       rampup: The ramp-up factors. A raw config (mapping, list of pairs, None) is also
         accepted and parsed with `parse_rampup`.
       data_parallel_size: Number of batch shards on the mesh; every stage batch must be a
@@ -354,6 +364,12 @@ class BatchSizeSchedule:
         batches: list[int] = []
         for step, factor in zip(self.rampup.boundaries, self.rampup.factors, strict=True):
             exact = base * factor
+            if not math.isfinite(exact):
+                raise DataConfigError(
+                    f"{key}: stage at step {step} has factor {factor!r}, giving a stage batch "
+                    f"of global_batch_size {base} * {factor!r}, which overflows; "
+                    f"{_VALID_FACTORS}, with stage batches that are multiples of {dp}"
+                )
             batch = round(exact)
             if abs(exact - batch) > _TOLERANCE * max(1.0, exact) or batch < 1:
                 raise DataConfigError(
