@@ -33,6 +33,37 @@ def hf_json(hf: Any, tmp_path: Path) -> Path:
     return path
 
 
+BPE_TEXT = [
+    "the quick brown fox jumps over the lazy dog",
+    "pack my box with five dozen liquor jugs",
+    "sphinx of black quartz, judge my vow",
+] * 20
+
+
+def write_byte_bpe(path: Path, vocab_size: int = 400) -> Path:
+    """Writes a byte-level BPE tokenizer trained offline on `BPE_TEXT`.
+
+    Ids: 0 is "<pad>", the 256 byte symbols and merges follow (so common words
+    get ids above 258), and "<|endoftext|>" is added last as a special token.
+    """
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(BPE_TEXT, trainer)
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path))
+    return path
+
+
 # ---------------------------------------------------------------- ByteTokenizer
 
 
@@ -147,6 +178,25 @@ def test_hf_missing_dependency(monkeypatch: pytest.MonkeyPatch, hf_json: Path) -
     monkeypatch.setattr(importlib, "import_module", fake_import)
     with pytest.raises(DataConfigError, match=r"pip install xlstm-data\[hf\]"):
         HFTokenizer(hf_json)
+
+
+def test_hf_spelled_special_token_is_text(tmp_path: Path) -> None:
+    tok = HFTokenizer(write_byte_bpe(tmp_path / "bpe.json"))
+    assert tok.eod_token == "<|endoftext|>" and tok.eod_id == tok.vocab_size - 1
+    text = "a web page quoting <|endoftext|> and <pad> mid-sentence"
+    for clone in (tok, pickle.loads(pickle.dumps(tok))):
+        ids = clone.encode(text)
+        assert tok.eod_id not in ids.tolist() and tok.pad_id not in ids.tolist()
+        assert clone.decode(ids) == text  # every character survives as text
+    # The control tokens themselves still exist and decode as nothing.
+    assert tok.decode([*tok.encode("the dog").tolist(), tok.eod_id]) == "the dog"
+
+
+def test_hf_spelled_special_token_with_word_level(hf_json: Path) -> None:
+    tok = HFTokenizer(hf_json)
+    assert tok.eod_id == 2
+    ids = tok.encode("hello <|endoftext|> world").tolist()
+    assert 2 not in ids and ids[0] == 3 and ids[-1] == 4
 
 
 # ---------------------------------------------------------------- get_tokenizer

@@ -50,7 +50,7 @@ class Tokenizer(Protocol):
     pad_id: int
 
     def encode(self, text: str) -> np.ndarray:
-        """Encodes text without special tokens.
+        """Encodes text without special tokens; their spelling in `text` is text.
 
         Args:
           text: Document text.
@@ -142,6 +142,9 @@ class HFTokenizer:
 
     Encoding never adds the tokenizer's own special tokens (BOS/EOS templates)
     unless `add_special_tokens=True`; the pipeline appends `eod_id` itself.
+    Text that spells a special token (e.g. "<|endoftext|>" quoted in a web page)
+    is encoded as ordinary text, never as the control token, so only the
+    pipeline decides where documents end.
     """
 
     def __init__(
@@ -193,6 +196,15 @@ class HFTokenizer:
                 f"HFTokenizer: path={self._path!r} is not a valid HuggingFace tokenizer "
                 f"JSON file: {e}"
             ) from e
+        if not hasattr(self._tok, "encode_special_tokens"):
+            raise DataConfigError(
+                f"HFTokenizer(path={self._path!r}) needs tokenizers>=0.20, which can encode the "
+                "spelling of a special token as text; install it with: pip install xlstm-data[hf]"
+            )
+        # Documents that spell a special token ("<|endoftext|>") are text: without this the
+        # library matches special tokens in the input even with add_special_tokens=False,
+        # and a web page quoting the token would end its document mid-way.
+        self._tok.encode_special_tokens = True
         self.vocab_size: int = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.eod_token = self._resolve("eod_token", self._requested_eod, _EOD_CANDIDATES, None)
         self.pad_token = self._resolve(
