@@ -1,15 +1,20 @@
 """Device meshes for data and model parallelism, and the sharding of a batch.
 
-The mesh decides where batch rows live. Its data axes (`dp`, `fsdp`) split the
-batch; the model axes (`tp`, `sp`) replicate it. Everything else in the data
-path (which rows a process loads, the per-host batch size) is derived from the
-mesh, never from `jax.process_index()`, so model axes may span processes.
+The mesh decides where batch rows live. Its batch axes split the batch; every
+other axis (`tp`, `sp`, ...) replicates it. The batch axes default to the `dp`
+and `fsdp` axes the mesh has; a mesh named otherwise (MaxText's
+`jax.make_mesh((8,), ("data",))`) must name them with `batch_axis_names`, since
+falling back to "no batch axis" would silently give every device the whole
+batch. Everything else in the data path (which rows a process loads, the
+per-host batch size) is derived from the mesh, never from
+`jax.process_index()`, so model axes may span processes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import jax
 import numpy as np
@@ -19,8 +24,12 @@ from xlstm_data.errors import DataConfigError
 
 DEFAULT_AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp", "tp", "sp")
 DEFAULT_AXIS_DIMS: tuple[int, ...] = (1, -1, 1, 1)
-#: Mesh axes that split the batch dimension; the others replicate it.
+#: Mesh axes that split the batch dimension by default; the others replicate it.
 DATA_AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp")
+
+#: How callers name the batch axes: one axis name, a sequence of them (`()` to
+#: replicate the batch on purpose), or None for the `dp`/`fsdp` axes present.
+BatchAxisNames: TypeAlias = str | Sequence[str] | None
 
 
 def parse_axis_spec(spec: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -114,21 +123,83 @@ def create_mesh(
     return Mesh(device_array, axis_names, axis_types=axis_types)
 
 
-def data_axes(mesh: Mesh) -> tuple[str, ...]:
-    """The mesh axes that split the batch (those of `dp`, `fsdp` present)."""
-    return tuple(name for name in DATA_AXIS_NAMES if name in mesh.axis_names)
+def data_axes(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> tuple[str, ...]:
+    """The mesh axes that split the batch, in the order rows are laid out over them.
 
+    Args:
+      mesh: The global mesh.
+      batch_axis_names: The axes that split the batch: one name, a sequence of
+        names (major to minor), or `()` to replicate the whole batch on every
+        device on purpose. None (the default) means the `dp` and `fsdp` axes the
+        mesh has, and is an error when it has neither, rather than silently
+        replicating the batch.
 
-def data_parallel_size(mesh: Mesh) -> int:
-    """Number of distinct batch shards: the product of the data axes' sizes."""
-    return math.prod(mesh.shape[name] for name in data_axes(mesh))
+    Returns:
+      The batch axes, each an axis of `mesh`.
 
-
-def data_sharding(mesh: Mesh) -> NamedSharding:
-    """The sharding of a `[batch, ...]` array: rows over the data axes.
-
-    The batch is replicated over every other axis (`tp`, `sp`).
+    Raises:
+      DataConfigError: if a named axis is not on the mesh, is named twice or is
+        not a string, or if None is given and the mesh has no `dp`/`fsdp` axis.
     """
-    axes = data_axes(mesh)
+    names = tuple(mesh.axis_names)
+    if batch_axis_names is None:
+        axes = tuple(name for name in DATA_AXIS_NAMES if name in names)
+        if not axes:
+            raise DataConfigError(
+                f"batch_axis_names=None: the mesh's axes {dict(mesh.shape)} include none of "
+                f"the default batch axes {DATA_AXIS_NAMES}, so the batch would be copied "
+                "whole to every device; name the axes that split the batch, e.g. "
+                f"batch_axis_names={names[:1]!r} (any of {names}), or batch_axis_names=() "
+                "to replicate it on purpose"
+            )
+        return axes
+    axes = (batch_axis_names,) if isinstance(batch_axis_names, str) else batch_axis_names
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise DataConfigError(
+            f"batch_axis_names={batch_axis_names!r} (type {type(batch_axis_names).__name__}) "
+            f"must be an axis name, a sequence of axis names of the mesh {names}, or None"
+        ) from None
+    for axis in axes:
+        if not isinstance(axis, str) or axis not in names:
+            raise DataConfigError(
+                f"batch_axis_names={batch_axis_names!r}: {axis!r} is not an axis of the mesh; "
+                f"valid axes are {names}"
+            )
+    if len(set(axes)) != len(axes):
+        raise DataConfigError(
+            f"batch_axis_names={batch_axis_names!r} names an axis twice; name each of "
+            f"{names} at most once"
+        )
+    return axes
+
+
+def data_parallel_size(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> int:
+    """Number of distinct batch shards: the product of the batch axes' sizes.
+
+    Args:
+      mesh: The global mesh.
+      batch_axis_names: As in `data_axes` (default: the `dp`/`fsdp` axes present).
+
+    Returns:
+      The number of shards the batch dimension is split into (1 if replicated).
+    """
+    return math.prod(mesh.shape[name] for name in data_axes(mesh, batch_axis_names))
+
+
+def data_sharding(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> NamedSharding:
+    """The sharding of a `[batch, ...]` array: rows over the batch axes.
+
+    The batch is replicated over every other axis (`tp`, `sp`, ...).
+
+    Args:
+      mesh: The global mesh.
+      batch_axis_names: As in `data_axes` (default: the `dp`/`fsdp` axes present).
+
+    Returns:
+      A `NamedSharding` splitting dimension 0 over the batch axes.
+    """
+    axes = data_axes(mesh, batch_axis_names)
     spec = PartitionSpec(axes if axes else None)
     return NamedSharding(mesh, spec)
