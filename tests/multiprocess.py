@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import portpicker
 
 WORKER = Path(__file__).with_name("mp_worker.py")
 REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return portpicker.pick_unused_port()
 
 
 def run_processes(

@@ -379,7 +379,7 @@ def test_replay_check_finds_mismatched_replayed_steps():
 
 def test_train_config_typos_are_rejected_with_their_key():
     from tests.test_config import load_config
-    from trainer_hooks.train import check_train_keys
+    from trainer_hooks.config import check_train_keys
 
     config = load_config("demo")
     check_train_keys(config)

@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -33,6 +33,7 @@ from ml_collections import config_flags
 
 from trainer_hooks.batch_log import BatchLog, batch_fingerprint
 from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
+from trainer_hooks.config import with_defaults
 from trainer_hooks.data_metrics import DataMetricsHook
 from trainer_hooks.jsonl_writer import JsonlWriter
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
@@ -68,49 +69,6 @@ _VERBOSE = flags.DEFINE_bool(
 _FINGERPRINTS = flags.DEFINE_bool(
     "fingerprints", True, "Log a per-step batch fingerprint to WORKDIR/batches.jsonl."
 )
-
-#: Keys of the training part of a config, with their defaults.
-TRAIN_DEFAULTS: dict[str, Any] = {
-    "seed": 0,
-    "num_train_steps": 100,
-    "learning_rate": 3e-3,
-    "warmup_steps": 20,
-    "log_every_steps": 10,
-    "eval_every_steps": 0,
-    "model": {"vocab_size": 258, "d_model": 64, "num_layers": 2, "num_heads": 4, "mlp_dim": 256},
-    "checkpoint": {"every_steps": 50, "every_secs": None, "max_to_keep": 2},
-}
-
-
-def check_train_keys(config: Any) -> None:
-    """Rejects unknown keys outside `data` (a typo would otherwise use a default)."""
-    known = {**TRAIN_DEFAULTS, "mesh": {"axis_dims": None}, "data": None}
-
-    def check(section: Any, defaults: Mapping[str, Any], prefix: str) -> None:
-        for key, value in section.items():
-            if key not in defaults:
-                raise DataConfigError(
-                    f"config key {prefix}{key} is unknown; valid keys here: {sorted(defaults)}"
-                )
-            if isinstance(defaults[key], Mapping) and value is not None:
-                check(value, defaults[key], f"{prefix}{key}.")
-
-    check(config, known, "")
-
-
-def _setting(config: Any, key: str) -> Any:
-    """`config.<key>` (dotted), or its default from `TRAIN_DEFAULTS` when absent.
-
-    An explicit None is kept (e.g. `checkpoint.max_to_keep=None` keeps all).
-    """
-    value: Any = config
-    default: Any = TRAIN_DEFAULTS
-    for part in key.split("."):
-        default = default[part]
-        if value is None or part not in value:
-            return default
-        value = value[part]
-    return value
 
 
 class _OwnInfoOnly(std_logging.Filter):
@@ -149,37 +107,71 @@ def _env_int(name: str) -> int | None:
         raise app.UsageError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def model_vocab_size(configured: int | None, iterators: Sequence[Any]) -> int:
+    """The model's vocabulary: `model.vocab_size`, checked against the data's.
+
+    An embedding lookup clamps ids beyond its table on accelerators, so a
+    vocabulary smaller than the data's would train on wrong tokens silently.
+
+    Args:
+      configured: `config.model.vocab_size`, or None to use the data's.
+      iterators: The run's iterators; their `sources` declare vocabularies.
+    """
+    vocabularies = {
+        name: int(source.vocab_size)
+        for iterator in iterators
+        for name, source in getattr(iterator, "sources", {}).items()
+        if getattr(source, "vocab_size", None) is not None
+    }
+    if configured is None:
+        if not vocabularies:
+            raise DataConfigError(
+                "model.vocab_size is unset and no data source declares its vocabulary; "
+                "set model.vocab_size to the tokenizer's vocabulary size"
+            )
+        return max(vocabularies.values())
+    largest = max(vocabularies.items(), key=lambda item: item[1], default=None)
+    if largest is not None and configured < largest[1]:
+        raise DataConfigError(
+            f"model.vocab_size={configured} is smaller than the vocabulary of data source "
+            f"{largest[0]!r} ({largest[1]} ids); set model.vocab_size >= {largest[1]} or leave "
+            "it unset to use the data's"
+        )
+    return int(configured)
+
+
 def train(config: Any, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) the run in `workdir`; returns a short summary."""
-    check_train_keys(config)
+    config = with_defaults(config)
     workdir_path = epath.Path(os.path.abspath(workdir))
     workdir_path.mkdir(parents=True, exist_ok=True)
     primary = jax.process_index() == 0
     mesh = create_mesh(config.mesh.axis_dims)
     train_iter, eval_iters = iterators_from_config(config.data, mesh)
     manager = checkpoint_manager(
-        workdir_path / "checkpoints", max_to_keep=_setting(config, "checkpoint.max_to_keep")
+        workdir_path / "checkpoints", max_to_keep=config.checkpoint.max_to_keep
     )
     if manager.latest_step() is None:  # nothing to restore: fill packing bins during init
         train_iter.start_prefetch()
-    num_steps = int(_setting(config, "num_train_steps"))
-    seq_len = int(config.data.max_target_length)
-
+    num_steps = int(config.num_train_steps)
+    seq_len = train_iter.data_config.max_target_length
     model_config = ModelConfig.from_config(
-        _setting(config, "model"), int(_setting(config, "model.vocab_size")), seq_len
+        config.model,
+        model_vocab_size(config.model.vocab_size, [train_iter, *eval_iters.values()]),
+        seq_len,
     )
     replicated = NamedSharding(mesh, PartitionSpec())
     init = jax.jit(
         lambda rng: create_train_state(
             rng,
             model_config,
-            float(_setting(config, "learning_rate")),
+            float(config.learning_rate),
             seq_len,
-            warmup_steps=int(_setting(config, "warmup_steps")),
+            warmup_steps=int(config.warmup_steps),
         ),
         out_shardings=replicated,
     )
-    state = init(jax.random.key(int(_setting(config, "seed"))))
+    state = init(jax.random.key(int(config.seed)))
     state, start_step = restore_or_initialize(
         manager,
         train_iter,
@@ -204,14 +196,14 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     else:
         writer = metric_writers.MultiWriter([])
     batch_log = BatchLog(workdir_path / "batches.jsonl", enabled=primary and _FINGERPRINTS.value)
-    log_every = int(_setting(config, "log_every_steps"))
+    log_every = int(config.log_every_steps)
     latest: dict[str, Any] = {}
     checkpoint_hook = CheckpointHook(
         manager,
         lambda: state,
         train_iter,
-        every_steps=_setting(config, "checkpoint.every_steps"),
-        every_secs=_setting(config, "checkpoint.every_secs"),
+        every_steps=config.checkpoint.every_steps,
+        every_secs=config.checkpoint.every_secs,
         start_step=start_step,
     )
     hooks = [
@@ -234,7 +226,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
             tokens = sum(float(t["tokens"]) for t in totals)
             writer.write_scalars(step, {f"eval/{name}/loss": loss_sum / max(tokens, 1.0)})
 
-    eval_every = int(_setting(config, "eval_every_steps") or 0)
+    eval_every = int(config.eval_every_steps or 0)
     if start_step >= num_steps:
         logging.warning("the checkpoint is at step %d >= num_train_steps=%d", start_step, num_steps)
     pending: tuple[int, dict[str, Any], str | None, int] | None = None

@@ -75,6 +75,43 @@ DATA_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Types of the data keys whose default is None, so a command-line override
+#: (`--config.data.<key>=...`) is parsed right even when the config file leaves
+#: the key unset. `object` takes any Python literal (lists, dicts, None).
+_UNSET_KEY_TYPES: dict[str, type] = {
+    "global_batch_size": int,
+    "eval_global_batch_size": int,
+    "max_target_length": int,
+    "packing_bin_count": int,
+    "eod_token_id": int,
+    "num_epochs": int,
+    "rampup": object,
+    "read_threads": int,
+    "read_buffer_size": int,
+}
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """The data section with every key present, set to its default.
+
+    Config files start from this (through `trainer_hooks.default_config()`)
+    so that every documented key can be overridden on the command line, also
+    when the file does not set it: `ml_collections` only overrides keys that
+    exist, and only with values of the key's type. Unset keys are typed
+    placeholders; `rampup` takes any literal (`[[step, factor], ...]` or
+    `{step: factor}`), since `config_flags` cannot override a plain list.
+    """
+    data = ml_collections.ConfigDict()
+    for key, default in DATA_DEFAULTS.items():
+        if key in ("train", "eval"):
+            data[key] = ml_collections.ConfigDict()
+        elif key in _UNSET_KEY_TYPES:
+            data[key] = ml_collections.FieldReference(default, field_type=_UNSET_KEY_TYPES[key])
+        else:
+            data[key] = default
+    return data
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceConfig:
     """One named dataset: its kind, options and mixture weight."""
