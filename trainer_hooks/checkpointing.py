@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer_hooks.periodic import StepAnchoredAction
 from xlstm_data.checkpoint import (
@@ -140,6 +141,7 @@ def restore_or_initialize(
     step: int | None = None,
     start_data_fresh: bool = False,
     allow_data_config_change: bool | Iterable[str] = False,
+    mesh: Mesh | None = None,
 ) -> tuple[State, int]:
     """Restores model and data position from a checkpoint, or starts fresh.
 
@@ -148,15 +150,19 @@ def restore_or_initialize(
       iterator: The freshly built train iterator; moved to the saved position
         on restore. Either way it starts prefetching before this returns, so
         the first batches are ready while the train step compiles.
-      initial_state: The freshly initialised state; its structure, dtypes
-        and shardings are the restore target, and it is returned when there
-        is no checkpoint.
+      initial_state: The freshly initialised state; its structure and dtypes
+        are the restore target, and it is returned when there is no
+        checkpoint. Arrays already laid out over the whole mesh keep their
+        sharding; any other leaf (a plain `jnp.zeros`, a numpy array, an
+        array on one device) is restored replicated over the mesh, so it
+        meets the global batches in the train step.
       step: The step to restore; default the latest.
       start_data_fresh: Restore the model only and start the data stream from
         its beginning. Needed for a model-only checkpoint (otherwise refused,
         since the data position is unknown); use deliberately.
       allow_data_config_change: Data-config keys allowed to differ from the
         checkpoint (True, or glob patterns like `"data.train.*.weight"`).
+      mesh: The mesh the state lives on; default the iterator's.
 
     Returns:
       `(state, step)`: the state and the number of steps already done.
@@ -173,7 +179,8 @@ def restore_or_initialize(
             f"checkpoint step {step} in {manager.directory} has no {MODEL_ITEM!r} item "
             f"(found {sorted(items)}); it was not written by CheckpointHook"
         )
-    args = {MODEL_ITEM: ocp.args.StandardRestore(initial_state)}
+    target = restore_target(initial_state, _iterator_mesh(iterator, mesh))
+    args = {MODEL_ITEM: ocp.args.StandardRestore(target)}
     if start_data_fresh:
         logging.warning(
             "start_data_fresh: restoring the model from step %d but starting the data stream "
@@ -195,6 +202,35 @@ def restore_or_initialize(
     logging.info("restored step %d from %s (items %s)", step, manager.directory, sorted(args))
     _start_prefetch(iterator)
     return restored[MODEL_ITEM], step
+
+
+def _iterator_mesh(iterator: Any, mesh: Mesh | None) -> Mesh | None:
+    return mesh if mesh is not None else getattr(iterator, "global_mesh", None)
+
+
+def restore_target(state: Any, mesh: Mesh | None) -> Any:
+    """The abstract restore target of `state`: its shapes, dtypes and shardings.
+
+    orbax restores each array with the sharding of its target. A leaf that
+    is not laid out over the mesh would come back committed to one device
+    (the one it was saved from, or the first), and the first train step
+    would then mix it with batches sharded over all devices: "incompatible
+    devices". Such leaves are restored replicated over the mesh instead.
+    """
+    if mesh is None:
+        return state
+    mesh_devices = set(mesh.devices.flat)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def leaf_target(leaf: Any) -> Any:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            return leaf
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is None or sharding.device_set != mesh_devices:
+            sharding = replicated
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(leaf_target, state)
 
 
 def _start_prefetch(iterator: Any) -> None:
