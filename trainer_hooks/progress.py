@@ -3,20 +3,34 @@
 Shows how far the run is, its speed and ETA, the latest loss, the current
 batch size and how much of the wall time went into waiting for data, which
 is what one looks at first when a run seems slow or stuck.
+
+The line goes to the standard logger `trainer_hooks.progress` at INFO, and
+that logger's level is INFO unless it was set before this module was
+imported. absl's own threshold is WARNING outside `app.run`, so logging
+through absl would hide the line in a plain script or notebook unless the
+user knew to pass `--verbosity`; progress is the one INFO line a run should
+always show. To silence it: `logging.getLogger("trainer_hooks.progress")
+.setLevel(logging.WARNING)`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from absl import logging
-
 from trainer_hooks.periodic import StepAnchoredAction
+
+logger = logging.getLogger(__name__)
+if logger.level == logging.NOTSET:  # a level the user set first wins
+    logger.setLevel(logging.INFO)
 
 
 class ProgressHook(StepAnchoredAction):
     """Logs `step/total, steps/s, ETA, metrics, batch size, data wait`.
+
+    The line is logged to `trainer_hooks.progress` (see the module docstring)
+    and kept in `line`.
 
     Args:
       num_train_steps: Total steps of the run (for percent and ETA).
@@ -69,7 +83,10 @@ class ProgressHook(StepAnchoredAction):
             parts.append(f"data wait {100 * (waited - self._wait_at_previous) / elapsed:.1f}%")
             self._wait_at_previous = waited
         self.line = " | ".join(parts)
-        logging.info("%s", self.line)
+        if not logging.root.handlers:
+            # No logging set up (a plain script): absl.logging's own fallback.
+            logging.basicConfig()
+        logger.info("%s", self.line)
 
 
 def _format_secs(secs: float) -> str:
