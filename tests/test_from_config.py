@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import pytest
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy
 from tests.test_config import small_config
+from xlstm_data.errors import DataConfigError
 from xlstm_data.from_config import iterators_from_config
 
 
@@ -139,3 +141,22 @@ def test_eval_iterators_are_not_shuffled(mesh):
     first_rows = np.asarray(next(evals["held_out"]).inputs)
     source = xd.sources.SyntheticSource(num_documents=5, seed=4)
     assert first_rows[0, 0] == source[0]["tokens"][0]
+
+
+def test_a_json_file_in_a_text_dataset_is_refused_naming_the_key(mesh, tmp_path):
+    rows = [{"text": "a {braced} document"}, {"text": "another"}]
+    (tmp_path / "web.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    config = {
+        "train": {"web": {"kind": "text", "path": str(tmp_path / "web.json")}},
+        "global_batch_size": 4,
+        "max_target_length": 8,
+    }
+    with pytest.raises(DataConfigError) as error:
+        iterators_from_config(config, mesh)
+    message = str(error.value)
+    assert message.startswith("data.train.web (kind 'text'):") and "kind='jsonl'" in message
+    config["train"]["web"]["kind"] = "jsonl"
+    train, _ = iterators_from_config(config, mesh)
+    tokens = set(np.asarray(next(train).inputs).ravel().tolist())
+    train.close()
+    assert ord("{") + 2 in tokens and ord('"') + 2 not in tokens  # the text, not the JSON

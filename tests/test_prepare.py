@@ -10,8 +10,9 @@ import pytest
 
 import xlstm_data as xd
 from xlstm_data.cli import main as cli_main
+from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.prepare import prepare_corpus
-from xlstm_data.sources import ArrayRecordSource
+from xlstm_data.sources import ArrayRecordSource, write_array_record
 from xlstm_data.tokenizers import ByteTokenizer
 
 LINES = ["first document", "zweites Dokument ü", "", "third one\twith a tab", "x"]
@@ -24,7 +25,7 @@ def inputs(tmp_path):
     directory.mkdir()
     (directory / "a.txt").write_text("\n".join(LINES) + "\n")
     (directory / "b.jsonl").write_text("\n".join(json.dumps(r) for r in JSONL) + "\n")
-    np.save(directory / "c.npy", np.arange(300, 340, dtype=np.int32))
+    np.save(directory / "c.npy", np.arange(200, 240, dtype=np.int32))
     np.savez(directory / "d.npz", x=np.array([5, 6, 7]), y=np.array([8]))
     return directory
 
@@ -33,7 +34,7 @@ def expected_documents() -> list[list[int]]:
     encode = ByteTokenizer().encode
     docs = [encode(line).tolist() for line in LINES if line]
     docs += [encode(r["text"]).tolist() for r in JSONL]
-    return docs + [list(range(300, 340)), [5, 6, 7], [8]]
+    return docs + [list(range(200, 240)), [5, 6, 7], [8]]
 
 
 def test_prepare_round_trips_tokens_and_indexes_them(tmp_path, inputs):
@@ -132,7 +133,6 @@ def test_prepared_corpus_gives_an_exact_epoch_length(tmp_path, inputs):
             "corpus": {
                 "kind": "array_record",
                 "path": str(out / "*.array_record"),
-                "vocab_size": 400,  # the .npy document holds ids up to 339
             }
         },
         "global_batch_size": 4,
@@ -154,3 +154,146 @@ def test_rerun_with_other_settings_redoes_the_shards(tmp_path, inputs):
     prepare_corpus([str(inputs / "a.txt")], str(out), unit="file")
     source = ArrayRecordSource(str(out / "*.array_record"))
     assert len(source) == 1  # the whole file is now one document
+
+
+# ---------------------------------------------------------------- vocabulary
+
+
+def test_ids_outside_the_vocabulary_are_refused_unless_declared(tmp_path, capsys):
+    np.save(tmp_path / "ids.npy", np.arange(250, 300, dtype=np.int32).reshape(5, 10))
+    out = tmp_path / "o"
+    code = cli_main(["prepare", str(tmp_path / "ids.npy"), "--output", str(out)])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "document 0 of" in error and "ids.npy" in error and "token id 258" in error
+    assert "[0, 258)" in error and "tokenizer='byte'" in error
+    assert not list(out.glob("*.array_record*"))  # nothing half-written is left
+    index = prepare_corpus([str(tmp_path / "ids.npy")], str(out), vocab_size=300)
+    assert (index["vocab_size"], index["tokenizer_vocab_size"], index["eod_id"]) == (300, 258, 1)
+    assert ArrayRecordSource(str(out / "*.array_record")).vocab_size == 300
+    with pytest.raises(DataConfigError, match=r"vocab_size=100 is smaller .*\(258 ids\)"):
+        prepare_corpus([str(tmp_path / "ids.npy")], str(out), vocab_size=100)
+
+
+# ---------------------------------------------------------------- .json inputs
+
+
+def test_json_input_needs_an_explicit_format(tmp_path, capsys):
+    records = [{"text": "one {braced}"}, {"text": "two"}]
+    (tmp_path / "data.json").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    out = tmp_path / "o"
+    assert cli_main(["prepare", str(tmp_path / "data.json"), "--output", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "data.json" in error and "--format=jsonl" in error and "--format=text" in error
+    assert not out.exists() or not list(out.glob("*.array_record"))
+    decode = ByteTokenizer().decode
+    prepare_corpus([str(tmp_path / "data.json")], str(out), input_format="jsonl")
+    source = ArrayRecordSource(str(out / "*.array_record"))
+    assert [decode(source[i]["tokens"]) for i in range(len(source))] == ["one {braced}", "two"]
+    # Asked for explicitly, the raw characters (braces, keys) are the text.
+    prepare_corpus([str(tmp_path / "data.json")], str(out), input_format="text")
+    source = ArrayRecordSource(str(out / "*.array_record"))
+    assert decode(source[0]["tokens"]) == json.dumps(records[0])
+
+
+# ---------------------------------------------------------------- stale shards and index
+
+
+def test_rerun_with_fewer_inputs_removes_only_its_stale_shards(tmp_path, inputs):
+    out = tmp_path / "prepared"
+    prepare_corpus([str(inputs / "*")], str(out))
+    (out / "notes.txt").write_text("mine")
+    (out / "shard-extra.array_record").write_text("not prepare's naming")
+    prepare_corpus([str(inputs / "a.txt"), str(inputs / "d.npz")], str(out))
+    assert sorted(p.name for p in out.glob("shard-*")) == [
+        "shard-00000-of-00002.array_record",
+        "shard-00001-of-00002.array_record",
+        "shard-extra.array_record",
+    ]
+    assert sorted(p.name for p in (out / ".prepare").iterdir()) == [
+        "shard-00000-of-00002.array_record.done.json",
+        "shard-00000-of-00002.array_record.lengths.npy",
+        "shard-00001-of-00002.array_record.done.json",
+        "shard-00001-of-00002.array_record.lengths.npy",
+    ]
+    assert (out / "notes.txt").read_text() == "mine"
+    source = ArrayRecordSource(str(out / "shard-*-of-*.array_record"))
+    docs = expected_documents()
+    assert [source[i]["tokens"].tolist() for i in range(len(source))] == docs[:4] + docs[-2:]
+    assert source.lengths().tolist() == [len(d) for d in docs[:4] + docs[-2:]]
+
+
+def _prepared(tmp_path, inputs):
+    out = tmp_path / "prepared"
+    prepare_corpus([str(inputs / "*")], str(out))
+    return out, str(out / "*.array_record")
+
+
+def _edit_index(out, change):
+    index = json.loads((out / "index.json").read_text())
+    change(index)
+    (out / "index.json").write_text(json.dumps(index))
+
+
+def test_a_shard_the_index_does_not_list_is_an_error(tmp_path, inputs):
+    out, pattern = _prepared(tmp_path, inputs)
+    (out / "shard-00000-of-00009.array_record").write_bytes(
+        (out / "shard-00000-of-00004.array_record").read_bytes()
+    )
+    with pytest.raises(DataReadError, match=r"shard-00000-of-00009.*index.json does not list it"):
+        ArrayRecordSource(pattern)
+
+
+def test_record_count_or_size_disagreeing_with_the_index_is_an_error(tmp_path, inputs):
+    out, pattern = _prepared(tmp_path, inputs)
+
+    def move_a_document(index):  # the totals still agree with lengths.npy
+        index["shards"][1]["documents"] += 1
+        index["shards"][2]["documents"] -= 1
+
+    _edit_index(out, move_a_document)
+    with pytest.raises(DataReadError, match=r"shard-00001-of-00004.* holds 3 records but .*says"):
+        ArrayRecordSource(pattern)
+    out, pattern = _prepared(tmp_path / "again", inputs)
+    shard = out / "shard-00002-of-00004.array_record"
+    noise = np.random.default_rng(0).integers(2, 258, 200_000, dtype=np.int32)
+    write_array_record(shard, [noise])  # the same record count, another size
+    with pytest.raises(DataReadError, match=r"shard-00002-of-00004.* is \d+ bytes but .*says"):
+        ArrayRecordSource(pattern)
+
+
+def test_lengths_disagreeing_with_the_index_is_an_error(tmp_path, inputs):
+    out, pattern = _prepared(tmp_path, inputs)
+    lengths = np.load(out / "lengths.npy")
+    np.save(out / "lengths.npy", lengths[:-1])
+    with pytest.raises(DataReadError, match=r"lengths.npy: holds 9 document lengths .* lists 10"):
+        ArrayRecordSource(pattern)
+    np.save(out / "lengths.npy", lengths + 1)
+    source = ArrayRecordSource(pattern)
+    with pytest.raises(DataReadError, match=r"lengths.npy: documents 0..3 sum to .* holds"):
+        source.lengths()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("{not json", r"index.json: is not a readable prepare index"),
+        ('{"format_version": 1}', r"index.json: has format_version=1, .* reads format_version=2"),
+        (None, r"index.json: key 'eod_id' is None, expected a int"),
+    ],
+)
+def test_an_unreadable_or_old_index_is_an_error(tmp_path, inputs, content, expected):
+    out, pattern = _prepared(tmp_path, inputs)
+    if content is None:
+        _edit_index(out, lambda index: index.pop("eod_id"))
+    else:
+        (out / "index.json").write_text(content)
+    with pytest.raises(DataReadError, match=expected):
+        ArrayRecordSource(pattern)
+
+
+def test_an_index_rewritten_by_prepare_is_trusted_again(tmp_path, inputs):
+    out, pattern = _prepared(tmp_path, inputs)
+    np.save(out / "lengths.npy", np.zeros(3, np.int32))
+    prepare_corpus([str(inputs / "*")], str(out))  # same inputs: shards kept, index rewritten
+    assert ArrayRecordSource(pattern).lengths().tolist() == list(map(len, expected_documents()))

@@ -229,6 +229,22 @@ def test_jsonl(tmp_path: Path) -> None:
     assert tok.decode(custom[0]["tokens"]) == "gamma"
 
 
+def test_json_file_is_not_read_as_text(tmp_path: Path) -> None:
+    rows = [{"text": "first {doc}"}, {"text": "second"}]
+    (tmp_path / "d.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "e.txt").write_text("plain\n")
+    with pytest.raises(DataConfigError) as error:
+        TextFileSource(str(tmp_path / "*"))
+    message = str(error.value)
+    assert "d.json" in message and "kind='jsonl'" in message and "jsonl_field" in message
+    decode = ByteTokenizer().decode
+    lines = TextFileSource(str(tmp_path / "d.json"), jsonl_field="text")
+    assert [decode(d) for d in _tokens(lines)] == ["first {doc}", "second"]
+    raw = TextFileSource(str(tmp_path / "d.json"), json_as_text=True)
+    assert [decode(d) for d in _tokens(raw)] == [json.dumps(r) for r in rows]
+    _assert_pickles(raw)
+
+
 def test_jsonl_bad_lines(tmp_path: Path) -> None:
     rows = [
         json.dumps({"text": "ok"}),

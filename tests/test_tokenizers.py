@@ -60,6 +60,7 @@ def write_byte_bpe(path: Path, vocab_size: int = 400) -> Path:
     )
     tok.train_from_iterator(BPE_TEXT, trainer)
     tok.add_special_tokens(["<|endoftext|>"])
+    path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return path
 

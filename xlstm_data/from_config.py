@@ -2,18 +2,21 @@
 
 Everything that can be checked without data is checked first (the config
 keys, every ramp-up stage against the mesh, eval batch divisibility); only
-then are sources opened.
+then are sources opened, and the end-of-document id is settled against their
+tokenizers before any pipeline reads a document.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 from jax.sharding import Mesh
 
 from xlstm_data.config import DataConfig, validate_data_config
 from xlstm_data.epoch_length import epoch_length
+from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.grain_iterator import (
     make_grain_llm_dataset,
     make_grain_llm_iterator,
@@ -22,6 +25,7 @@ from xlstm_data.grain_iterator import (
 from xlstm_data.host_layout import data_host_layout
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
 from xlstm_data.rampup import BatchSizeSchedule
+from xlstm_data.tokenizers import ByteTokenizer
 
 
 def iterators_from_config(
@@ -55,8 +59,19 @@ def iterators_from_config(
     if cfg.eval:
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     mixed = [s for s in cfg.train if s.weight > 0]
-    sources = {spec.name: spec.build() for spec in mixed}
-    eod_token_id = cfg.eod_token_id if cfg.eod_token_id is not None else 1
+    opened: dict[str, Any] = {}
+    for split, specs in (("train", mixed), ("eval", cfg.eval)):
+        for spec in specs:
+            key = f"data.{split}.{spec.name}"
+            try:
+                opened[key] = spec.build()
+            except (DataConfigError, DataReadError) as error:
+                raise type(error)(f"{key} (kind {spec.kind!r}): {error}") from error
+            # Checked as each source opens, so a mismatch fails before the next is indexed.
+            resolve_eod_token_id(cfg.eod_token_id, opened)
+    eod_token_id = resolve_eod_token_id(cfg.eod_token_id, opened)
+    sources = {spec.name: opened[f"data.train.{spec.name}"] for spec in mixed}
+    eval_sources = {spec.name: opened[f"data.eval.{spec.name}"] for spec in cfg.eval}
     components = {}
     for spec in mixed:
         components[spec.name] = make_grain_llm_dataset(
@@ -96,7 +111,6 @@ def iterators_from_config(
         _set_epoch_length(
             train, only, cfg, cfg.num_epochs, train.batch_schedule, cfg.drop_remainder
         )
-    eval_sources = {spec.name: spec.build() for spec in cfg.eval}
     evals = {
         spec.name: make_grain_llm_iterator(
             None,
@@ -127,6 +141,70 @@ def iterators_from_config(
             iterator, eval_sources[name], cfg, 1, iterator.batch_schedule, drop_remainder=False
         )
     return train, evals
+
+
+def resolve_eod_token_id(configured: int | None, sources: Mapping[str, Any]) -> int:
+    """The run's end-of-document id, checked against every source.
+
+    A source's tokenizer (`source.tokenizer`, e.g. text tokenized on read or
+    shards whose prepare index names one) defines the id its documents end
+    with: a configured id that differs would pack documents with a token that
+    means something else to the model, so it is refused; unset, the
+    tokenizers' common id is used. Sources without a tokenizer (synthetic ids,
+    bare token arrays) define none and accept any id inside their vocabulary;
+    when no source has a tokenizer the unset id follows the byte tokenizer's
+    convention (1), as synthetic data does (its ids start at 2). Every source
+    with a known `vocab_size` must contain the id.
+
+    Args:
+      configured: `data.eod_token_id`, or None when unset.
+      sources: The opened sources by config key (e.g. "data.train.web").
+
+    Returns:
+      The end-of-document id.
+
+    Raises:
+      DataConfigError: If the id is outside a source's vocabulary, a tokenizer
+        defines another id than the configured one, or (unset) the tokenizers
+        disagree.
+    """
+    own = {
+        key: (int(source.tokenizer.eod_id), source.tokenizer)
+        for key, source in sources.items()
+        if getattr(source, "tokenizer", None) is not None
+    }
+    if configured is not None:
+        eod, origin = int(configured), f"data.eod_token_id={configured}"
+    elif own:
+        ids = {key: eod for key, (eod, _) in own.items()}
+        if len(set(ids.values())) > 1:
+            listed = ", ".join(f"{key}: {eod}" for key, eod in ids.items())
+            raise DataConfigError(
+                "data.eod_token_id is unset and the datasets' tokenizers end documents with "
+                f"different ids ({listed}); a run has one vocabulary, so tokenize every dataset "
+                "with the same tokenizer"
+            )
+        key, (eod, tokenizer) = next(iter(own.items()))
+        origin = f"data.eod_token_id (unset: the end-of-document id of {key}'s {tokenizer!r})"
+    else:
+        eod = ByteTokenizer().eod_id
+        origin = f"data.eod_token_id (unset: {eod}, the byte tokenizer's, as no dataset has one)"
+    for key, source in sources.items():
+        vocab = getattr(source, "vocab_size", None)
+        if vocab is not None and not 0 <= eod < vocab:
+            raise DataConfigError(
+                f"{origin} is id {eod}, outside the vocabulary of {key} (vocab_size={vocab}, "
+                f"valid ids 0..{vocab - 1}); set data.eod_token_id to the end-of-document id of "
+                "the data's tokenizer"
+            )
+        if configured is not None and key in own and own[key][0] != eod:
+            theirs, tokenizer = own[key]
+            raise DataConfigError(
+                f"data.eod_token_id={configured} disagrees with the tokenizer of {key} "
+                f"({tokenizer!r}), whose end-of-document id is {theirs}; set "
+                f"data.eod_token_id={theirs}, or leave it unset (None) to use the tokenizer's"
+            )
+    return eod
 
 
 def component_seed(data_shuffle_seed: int, name: str) -> int:

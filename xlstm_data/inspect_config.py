@@ -21,15 +21,17 @@ import numpy as np
 
 from xlstm_data.config import validate_data_config
 from xlstm_data.errors import DataConfigError
-from xlstm_data.from_config import iterators_from_config
+from xlstm_data.from_config import iterators_from_config, resolve_eod_token_id
 from xlstm_data.mesh import DEFAULT_AXIS_DIMS, create_mesh, parse_axis_spec
 from xlstm_data.rampup import BatchSizeSchedule
-from xlstm_data.tokenizers import get_tokenizer
+from xlstm_data.tokenizers import Tokenizer
 
 #: Sources with more documents than this are measured on a sample.
 FULL_COUNT_LIMIT = 20_000
 SAMPLE_SIZE = 2_000
 SEGMENT_MARK = " ‖ "
+#: Token ids shown per document when a sample row cannot be decoded to text.
+SHOWN_IDS = 32
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> Any:
@@ -88,13 +90,45 @@ def _source_counts(source: Any) -> tuple[int, int, bool]:
     return documents, int(mean * documents), False
 
 
-def _decoded_row(batch: Any, tokenizer: Any) -> str:
+def _sample_tokenizer(sources: dict[str, Any]) -> Tokenizer | None:
+    """The tokenizer every train source shares and whose vocabulary covers theirs.
+
+    None (then ids are shown) when a source has no tokenizer, the sources
+    differ, or a source's vocabulary is larger than the tokenizer's: its ids
+    (token arrays prepared with a larger `vocab_size`) are not that
+    tokenizer's, so even those below its size would decode to wrong text.
+    """
+    tokenizers = [getattr(source, "tokenizer", None) for source in sources.values()]
+    if not tokenizers or any(t is None for t in tokenizers):
+        return None
+    if len({repr(t) for t in tokenizers}) > 1:
+        return None
+    tokenizer = tokenizers[0]
+    vocabs = [getattr(source, "vocab_size", None) for source in sources.values()]
+    if any(vocab is not None and vocab > tokenizer.vocab_size for vocab in vocabs):
+        return None
+    return tokenizer
+
+
+def _segment_text(tokens: np.ndarray, tokenizer: Tokenizer | None) -> str:
+    """A document's text, or its ids when the tokenizer does not cover them.
+
+    Ids beyond the tokenizer's vocabulary are legitimate in a source whose
+    vocabulary is larger (token arrays prepared with `vocab_size`); reading
+    already refused ids beyond the source's own vocabulary, naming the record.
+    """
+    if tokenizer is not None and (tokens.size == 0 or int(tokens.max()) < tokenizer.vocab_size):
+        return tokenizer.decode(tokens.tolist()).replace("\n", "⏎")
+    shown = " ".join(map(str, tokens[:SHOWN_IDS].tolist()))
+    return f"[ids {shown}{' ...' if tokens.size > SHOWN_IDS else ''}]"
+
+
+def _decoded_row(batch: Any, tokenizer: Tokenizer | None) -> str:
     inputs = np.asarray(batch.inputs)[0]
     segments = np.asarray(batch.inputs_segmentation)[0]
     parts = []
     for segment in [s for s in dict.fromkeys(segments.tolist()) if s != 0]:
-        tokens = inputs[segments == segment]
-        parts.append(tokenizer.decode(tokens.tolist()).replace("\n", "⏎"))
+        parts.append(_segment_text(inputs[segments == segment], tokenizer))
     padding = int(np.count_nonzero(segments == 0))
     return SEGMENT_MARK.join(parts) + (f"{SEGMENT_MARK}<{padding} padding>" if padding else "")
 
@@ -141,6 +175,7 @@ def inspect_config(
         source = train.sources[spec.name] if spec.name in train.sources else spec.build()
         documents, tokens, exact = _source_counts(source)
         share = weights.get(spec.name, 0.0)
+        vocab = getattr(source, "vocab_size", None)
         plan["sources"].append(
             {
                 "name": spec.name,
@@ -149,14 +184,18 @@ def inspect_config(
                 "tokens": tokens,
                 "tokens_exact": exact,
                 "expected_share": share,
+                "vocab_size": vocab,
             }
         )
         approx = "" if exact else "~"
         print(
             f"  {spec.name:<16} {spec.kind:<14} {documents:>10,} documents "
-            f"{approx}{tokens:>14,} tokens   expected share {share:6.1%}",
+            f"{approx}{tokens:>14,} tokens   expected share {share:6.1%}   vocab {vocab}",
             file=out,
         )
+    opened = {f"data.train.{name}": source for name, source in train.sources.items()}
+    plan["eod_token_id"] = resolve_eod_token_id(data.eod_token_id, opened)
+    print(f"end-of-document id: {plan['eod_token_id']}", file=out)
     schedule: BatchSizeSchedule = train.batch_schedule
     length = data.max_target_length
     print(f"\nramp-up (rows of {length} tokens):", file=out)
@@ -193,7 +232,7 @@ def inspect_config(
     if evals:
         print(f"eval sets: {', '.join(evals)}", file=out)
 
-    tokenizer = get_tokenizer(dict(data.train[0].options).get("tokenizer", "byte"))
+    tokenizer = _sample_tokenizer(train.sources)
     steps = plot_steps or min(int(config.get("num_train_steps", 100) or 100), 300)
     history = _run_steps(train, steps)
     first = history.pop("first_batch")

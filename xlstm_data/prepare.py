@@ -11,6 +11,12 @@ Each shard is written under a temporary name and renamed when complete, then
 marked done with a small JSON file recording its input's size and mtime, so a
 rerun after an interruption keeps finished shards and redoes only the rest.
 Input files are processed in parallel worker processes.
+
+The index also records the tokenizer and the vocabulary every id was checked
+against, so readers bound ids and pick the end-of-document id from the data
+itself. A rerun with other inputs deletes the shards it no longer produces
+(only files named like its own shards), so `DIR/*.array_record` never mixes
+two runs; a reader finding an index that disagrees with the shards fails.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -46,10 +53,19 @@ class ShardJob:
     field: str
     unit: str
     tokenizer: str
+    vocab_size: int
 
 
 def shard_name(index: int, count: int) -> str:
     return f"shard-{index:05d}-of-{count:05d}.array_record"
+
+
+#: Files `prepare` writes in the output directory (shards, half-written shards)
+#: and in its work directory (markers); only these are ever deleted.
+_SHARD_FILE = re.compile(r"(shard-\d{5,}-of-\d{5,}\.array_record)(\.partial)?")
+_WORK_FILE = re.compile(
+    r"(shard-\d{5,}-of-\d{5,}\.array_record)\.(done\.json|lengths\.npy)(\.partial)?"
+)
 
 
 #: Per-shard bookkeeping lives apart, so `DIR/*` globs match shards only.
@@ -75,17 +91,37 @@ def _input_signature(job: ShardJob) -> dict[str, Any]:
         "field": job.field,
         "unit": job.unit,
         "tokenizer": job.tokenizer,
+        "vocab_size": job.vocab_size,
     }
 
 
 def _format_of(path: str, input_format: str) -> str:
+    """The input format of `path`; `.json` is too ambiguous to guess.
+
+    Raises:
+      DataConfigError: If `input_format` is "auto" and `path` ends in ".json".
+    """
     if input_format != "auto":
         return input_format
     if path.endswith(".jsonl"):
         return "jsonl"
     if path.endswith(_TOKEN_SUFFIXES):
         return "tokens"
+    if path.lower().endswith(".json"):
+        raise DataConfigError(
+            f"prepare: input {path!r} ends in .json, which --format=auto does not guess: pass "
+            "--format=jsonl if it holds one JSON object per line (the text under --field), or "
+            "--format=text to tokenize its characters, braces included"
+        )
     return "text"
+
+
+def _tokenizer_spec(tokenizer: str | os.PathLike[str] | None) -> str:
+    """The tokenizer argument as workers load it and the index records it."""
+    if tokenizer is None:
+        return "byte"
+    spec = os.fspath(tokenizer)
+    return os.path.abspath(spec) if spec.endswith(".json") else spec
 
 
 def _token_documents(path: str) -> Iterator[np.ndarray]:
@@ -114,6 +150,7 @@ def _documents(job: ShardJob) -> Iterator[np.ndarray]:
         tokenizer=job.tokenizer,
         unit=job.unit,
         jsonl_field=job.field if job.input_format == "jsonl" else None,
+        json_as_text=job.input_format == "text",
     )
     try:
         for index in range(len(source)):
@@ -126,19 +163,30 @@ def prepare_shard(job: ShardJob, output_dir: str) -> dict[str, Any]:
     """Writes one shard (unless already done); returns its summary."""
     done = _done_path(output_dir, job.shard)
     signature = _input_signature(job)
+    final = os.path.join(output_dir, job.shard)
     if os.path.exists(done):
         with open(done) as f:
             summary = json.load(f)
-        if {k: summary.get(k) for k in signature} == signature:
+        if {k: summary.get(k) for k in signature} == signature and _size(final) == summary.get(
+            "bytes"
+        ):
             return summary
     lengths: list[int] = []
 
     def counted() -> Iterator[np.ndarray]:
-        for tokens in _documents(job):
+        for number, tokens in enumerate(_documents(job)):
+            tokens = np.asarray(tokens)
+            if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= job.vocab_size):
+                bad = int(tokens[(tokens < 0) | (tokens >= job.vocab_size)][0])
+                raise DataReadError(
+                    f"prepare: document {number} of {job.source!r} holds token id {bad}, "
+                    f"outside the corpus vocabulary [0, {job.vocab_size}) (tokenizer="
+                    f"{job.tokenizer!r}); pass the tokenizer these ids come from (--tokenizer) "
+                    "or their vocabulary size (vocab_size)"
+                )
             lengths.append(len(tokens))
-            yield np.asarray(tokens, dtype=np.int32)
+            yield tokens.astype(np.int32)
 
-    final = os.path.join(output_dir, job.shard)
     partial = final + ".partial"
     try:
         write_array_record(partial, counted())
@@ -151,9 +199,34 @@ def prepare_shard(job: ShardJob, output_dir: str) -> dict[str, Any]:
         "file": job.shard,
         "documents": len(lengths),
         "tokens": int(sum(lengths)),
+        "bytes": os.path.getsize(final),
     }
     _write_json_atomically(done, summary)
     return summary
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def _remove_stale_shards(output_dir: str, shards: set[str]) -> None:
+    """Deletes shards (and their markers) of earlier runs that this run does not produce.
+
+    Only names `prepare` itself writes are touched, so other files a user keeps
+    in the output directory survive.
+    """
+    work = os.path.join(output_dir, WORK_DIR)
+    for directory, pattern in ((output_dir, _SHARD_FILE), (work, _WORK_FILE)):
+        for name in sorted(os.listdir(directory)):
+            match = pattern.fullmatch(name)
+            if match is None or (match.group(1) in shards and not name.endswith(".partial")):
+                continue
+            path = os.path.join(directory, name)
+            logging.info("prepare: removing %s, which this run does not produce", path)
+            os.remove(path)
 
 
 def _write_json_atomically(path: str, value: Any) -> None:
@@ -186,6 +259,7 @@ def prepare_corpus(
     field: str = "text",
     unit: str = "line",
     tokenizer: str = "byte",
+    vocab_size: int | None = None,
     workers: int = 1,
     progress: Callable[[int, int, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -193,17 +267,27 @@ def prepare_corpus(
 
     Args:
       inputs: Files or globs. `.jsonl` files are JSONL, `.npy`/`.npz` token
-        arrays, anything else text (unless `input_format` says otherwise).
-      output_dir: Where shards, `index.json` and `lengths.npy` go.
+        arrays, anything else but `.json` text (unless `input_format` says
+        otherwise; a `.json` file needs an explicit format).
+      output_dir: Where shards, `index.json` and `lengths.npy` go. Shards of an
+        earlier run that this one does not produce are deleted.
       input_format: "auto", "text", "jsonl" or "tokens".
       field: JSONL key holding each document's text.
       unit: Text documents are lines ("line") or whole files ("file").
       tokenizer: "byte" or a local HuggingFace tokenizer `.json` file.
+      vocab_size: The corpus vocabulary every id is checked against, recorded
+        in the index; default the tokenizer's. Larger only for token arrays
+        whose ids are not the tokenizer's (or a padded model vocabulary).
       workers: Input files tokenized in parallel (processes).
       progress: Called as `progress(done, total, shard_summary)` per shard.
 
     Returns:
       The index (also written to `output_dir/index.json`).
+
+    Raises:
+      DataConfigError: On a bad argument (before any input is read).
+      DataReadError: On an input that cannot be read or holds ids outside the
+        vocabulary.
     """
     if input_format not in INPUT_FORMATS:
         raise DataConfigError(
@@ -212,14 +296,23 @@ def prepare_corpus(
     if unit not in TEXT_UNITS:
         raise DataConfigError(f"--unit={unit!r} is invalid; valid units: {list(TEXT_UNITS)}")
     check_int("workers", workers, 1)
-    vocab_size = get_tokenizer(tokenizer).vocab_size  # refuses a bad tokenizer up front
+    spec = _tokenizer_spec(tokenizer)
+    loaded = get_tokenizer(spec)  # refuses a bad tokenizer up front
+    corpus_vocab = int(loaded.vocab_size)
+    if vocab_size is not None:
+        corpus_vocab = check_int("vocab_size", vocab_size, 1)
+        if corpus_vocab < loaded.vocab_size:
+            raise DataConfigError(
+                f"vocab_size={vocab_size} is smaller than the vocabulary of tokenizer={spec!r} "
+                f"({loaded.vocab_size} ids); pass vocab_size >= {loaded.vocab_size}, or leave it "
+                "unset to use the tokenizer's"
+            )
     files = _expand_files(list(inputs), "inputs")
+    formats = [_format_of(path, input_format) for path in files]
     os.makedirs(os.path.join(output_dir, WORK_DIR), exist_ok=True)
     jobs = [
-        ShardJob(
-            path, shard_name(i, len(files)), _format_of(path, input_format), field, unit, tokenizer
-        )
-        for i, path in enumerate(files)
+        ShardJob(path, shard_name(i, len(files)), kind, field, unit, spec, corpus_vocab)
+        for i, (path, kind) in enumerate(zip(files, formats, strict=True))
     ]
     summaries: dict[str, dict[str, Any]] = {}
     for summary in _prepared_shards(jobs, output_dir, workers):
@@ -227,17 +320,25 @@ def prepare_corpus(
         if progress:
             progress(len(summaries), len(jobs), summary)
     shards = [summaries[job.shard] for job in jobs]
+    _remove_stale_shards(output_dir, {job.shard for job in jobs})
     lengths = np.concatenate(
         [np.load(_lengths_path(output_dir, s["file"])) for s in shards]
     ).astype(np.int32)
-    np.save(os.path.join(output_dir, LENGTHS_FILE), lengths)
+    lengths_file = os.path.join(output_dir, LENGTHS_FILE)
+    with open(lengths_file + ".partial", "wb") as f:
+        np.save(f, lengths)
+    os.replace(lengths_file + ".partial", lengths_file)
     index = {
         "format_version": PREPARE_FORMAT_VERSION,
-        "tokenizer": tokenizer,
-        "vocab_size": int(vocab_size),
+        "tokenizer": spec,
+        "tokenizer_vocab_size": int(loaded.vocab_size),
+        "eod_id": int(loaded.eod_id),
+        "vocab_size": corpus_vocab,
         "documents": int(lengths.size),
         "tokens": int(lengths.sum()),
-        "shards": [{k: s[k] for k in ("file", "source", "documents", "tokens")} for s in shards],
+        "shards": [
+            {k: s[k] for k in ("file", "source", "documents", "tokens", "bytes")} for s in shards
+        ],
     }
     _write_json_atomically(os.path.join(output_dir, INDEX_FILE), index)
     logging.info(

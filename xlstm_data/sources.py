@@ -36,7 +36,7 @@ import numpy as np
 from absl import logging
 
 from xlstm_data.checks import check_int
-from xlstm_data.corpus_index import prepared_lengths
+from xlstm_data.corpus_index import PreparedCorpus, prepared_corpus
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.tokenizers import Tokenizer, get_tokenizer
 
@@ -71,6 +71,17 @@ class TokenSource(abc.ABC):
     """
 
     vocab_size: int | None = None
+    _tokenizer: Tokenizer | None = None
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer this source's ids come from, or None when it has none.
+
+        Its `eod_id` is the end-of-document id the source's documents expect
+        (`iterators_from_config` checks `data.eod_token_id` against it).
+        Synthetic ids and bare token arrays have no tokenizer.
+        """
+        return self._tokenizer
 
     @abc.abstractmethod
     def __len__(self) -> int:
@@ -228,6 +239,15 @@ def _in_range(values: np.ndarray, upper: int) -> bool:
     return int(values.min()) >= 0 and int(values.max()) < upper
 
 
+def _spec_repr(spec: TokenizerSpec) -> str:
+    """A tokenizer argument as an error message shows it."""
+    if isinstance(spec, os.PathLike):
+        return repr(os.fspath(spec))
+    if spec is None or isinstance(spec, str):
+        return repr(spec)
+    return type(spec).__name__
+
+
 def _decode_utf8(raw: bytes, where: str) -> str:
     """Decodes UTF-8 strictly, raising DataReadError naming `where`."""
     try:
@@ -252,6 +272,12 @@ class ArrayRecordSource(TokenSource):
     (`"text"`), tokenized on read. One grain `ArrayRecordDataSource` per file
     keeps the file of every global index known, so read errors name the file
     and the record index inside it.
+
+    Token shards made by `xlstm-data prepare` carry an `index.json`: its
+    vocabulary bounds every id read (unless `vocab_size` is given), its
+    tokenizer is the default one, and a tokenizer that is not the one the
+    shards were made with is refused, so the run's end-of-document id and the
+    model's vocabulary follow the data rather than a default.
     """
 
     def __init__(
@@ -267,14 +293,20 @@ class ArrayRecordSource(TokenSource):
           pattern: Glob or path, or a list of them; matched files are sorted.
           record_format: "tokens" (int32 bytes) or "text" (UTF-8).
           tokenizer: Tokenizer or spec for `get_tokenizer`. Encodes text records
-            (default byte tokenizer); for "tokens" it only supplies vocab_size.
+            (default byte tokenizer); for "tokens" it names where the ids come
+            from (vocab_size, end-of-document id). For prepared shards None
+            means the tokenizer recorded in their `index.json`, and any other
+            must match it.
           vocab_size: Exclusive bound checked for every token id. Defaults to
-            the tokenizer's vocab_size; unchecked for "tokens" with neither.
+            the prepared index's vocab_size, else the tokenizer's; unchecked
+            for "tokens" with none of them.
 
         Raises:
           DataConfigError: On a bad argument, a pattern matching no file, a file
-            that is not ArrayRecord, or no records at all.
-          DataReadError: If the first record does not decode in `record_format`.
+            that is not ArrayRecord, no records at all, or a tokenizer that is
+            not the one prepared shards were made with.
+          DataReadError: If the first record does not decode in `record_format`,
+            or a prepare index disagrees with the files.
         """
         if record_format not in _RECORD_FORMATS:
             raise DataConfigError(
@@ -282,14 +314,9 @@ class ArrayRecordSource(TokenSource):
                 f"{list(_RECORD_FORMATS)}."
             )
         self._record_format = record_format
-        if record_format == "text" or tokenizer is not None:
-            self._tokenizer: Tokenizer | None = get_tokenizer(tokenizer)
-        else:
-            self._tokenizer = None
-        vocab = _check_vocab_size(vocab_size, "ArrayRecordSource: vocab_size")
-        if vocab is None and self._tokenizer is not None:
-            vocab = int(self._tokenizer.vocab_size)
-        self.vocab_size = vocab
+        explicit_vocab = _check_vocab_size(vocab_size, "ArrayRecordSource: vocab_size")
+        if tokenizer is not None:
+            self._tokenizer = get_tokenizer(tokenizer)
         self._files = _expand_files(pattern, "ArrayRecordSource: pattern")
         self._sources: list[Any] = []
         lengths: list[int] = []
@@ -311,6 +338,19 @@ class ArrayRecordSource(TokenSource):
                 f"ArrayRecordSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
                 "they hold no records; point it at non-empty ArrayRecord files."
             )
+        self._prepared: PreparedCorpus | None = None
+        if record_format == "tokens":
+            self._prepared = prepared_corpus(self._files, lengths)
+            if self._prepared is not None:
+                self._tokenizer = self._prepared_tokenizer(self._prepared, tokenizer)
+        elif self._tokenizer is None:
+            self._tokenizer = get_tokenizer(None)
+        vocab = explicit_vocab
+        if vocab is None and self._prepared is not None:
+            vocab = self._prepared.vocab_size
+        if vocab is None and self._tokenizer is not None:
+            vocab = int(self._tokenizer.vocab_size)
+        self.vocab_size = vocab
         # Decode the first record now so a wrong record_format fails at launch.
         first_file = next(i for i, n in enumerate(lengths) if n > 0)
         self._read_local(first_file, 0, self._ends[first_file - 1] if first_file else 0)
@@ -325,10 +365,49 @@ class ArrayRecordSource(TokenSource):
             vocab,
         )
 
+    def _prepared_tokenizer(self, prepared: PreparedCorpus, tokenizer: TokenizerSpec) -> Tokenizer:
+        """The tokenizer of prepared shards: the index's, or `tokenizer` if it is the same.
+
+        Raises:
+          DataConfigError: If `tokenizer` differs from the one the shards were
+            made with (vocabulary size or end-of-document id), or is None and the
+            index's tokenizer file is not on this machine.
+        """
+        index_file = prepared.index_files[0]
+        made_with = (
+            f"tokenizer={prepared.tokenizer!r} (vocab_size {prepared.tokenizer_vocab_size}, "
+            f"eod_id {prepared.eod_id}, recorded in {index_file})"
+        )
+        if tokenizer is None:
+            if prepared.tokenizer != "byte" and not os.path.isfile(prepared.tokenizer):
+                raise DataConfigError(
+                    f"ArrayRecordSource: the shards were prepared with {made_with}, which is "
+                    "not a file on this machine; pass tokenizer= the path of a copy of it."
+                )
+            found = get_tokenizer(prepared.tokenizer)
+        else:
+            found = self._tokenizer
+            assert found is not None
+        if (int(found.vocab_size), int(found.eod_id)) != (
+            prepared.tokenizer_vocab_size,
+            prepared.eod_id,
+        ):
+            raise DataConfigError(
+                f"ArrayRecordSource: tokenizer={_spec_repr(tokenizer)} (vocab_size "
+                f"{found.vocab_size}, eod_id {found.eod_id}) is not the tokenizer the shards "
+                f"were prepared with: {made_with}; pass that tokenizer, or None to use it."
+            )
+        return found
+
     @property
     def files(self) -> list[str]:
         """The sorted list of files read."""
         return list(self._files)
+
+    @property
+    def prepared(self) -> PreparedCorpus | None:
+        """What the `xlstm-data prepare` index says about the files, if they have one."""
+        return self._prepared
 
     @property
     def record_format(self) -> str:
@@ -341,11 +420,11 @@ class ArrayRecordSource(TokenSource):
     def lengths(self) -> np.ndarray | None:
         """Every document's token count from the `xlstm-data prepare` index, without
         reading the records; None when the files are not a prepared, token-format corpus.
+
+        Raises:
+          DataReadError: If `lengths.npy` disagrees with `index.json`.
         """
-        if self._record_format != "tokens":
-            return None
-        counts = np.diff([0, *self._ends]).tolist()
-        return prepared_lengths(self._files, counts)
+        return None if self._prepared is None else self._prepared.lengths()
 
     def locate(self, index: int) -> tuple[str, int]:
         """Maps a global record index to (file path, record index in that file).
@@ -485,6 +564,11 @@ class TextFileSource(TokenSource):
     (or of all files when `jsonl_field` is set) are JSON objects whose
     `jsonl_field` (default "text") holds the document text. With
     `unit="file"` every non-empty file is one document.
+
+    A file named `*.json` is refused unless `jsonl_field` says it is JSON lines
+    or `json_as_text` says to tokenize its characters: such files are usually
+    JSON lines under another suffix, and reading them as text would train on
+    their braces, keys and escapes without any error.
     """
 
     def __init__(
@@ -493,6 +577,7 @@ class TextFileSource(TokenSource):
         tokenizer: TokenizerSpec = None,
         unit: str = "line",
         jsonl_field: str | None = None,
+        json_as_text: bool = False,
     ) -> None:
         """Finds the files and indexes their documents.
 
@@ -502,10 +587,14 @@ class TextFileSource(TokenSource):
           unit: "line" (one document per non-blank line) or "file".
           jsonl_field: If set, every file is JSONL and this key holds the text;
             otherwise only files ending in ".jsonl" are JSONL, with key "text".
+          json_as_text: Read files ending in ".json" or ".jsonl" as plain text,
+            braces and all (for a corpus of JSON text; ignored with
+            `jsonl_field`).
 
         Raises:
           DataConfigError: On a bad argument, a pattern matching no file, JSONL
-            with unit="file", or no documents at all.
+            with unit="file", a ".json" file without `jsonl_field` or
+            `json_as_text`, or no documents at all.
         """
         if unit not in TEXT_UNITS:
             raise DataConfigError(
@@ -520,8 +609,20 @@ class TextFileSource(TokenSource):
         self._tokenizer = get_tokenizer(tokenizer)
         self.vocab_size = int(self._tokenizer.vocab_size)
         self._files = _expand_files(pattern, "TextFileSource: pattern")
+        if jsonl_field is None and not json_as_text:
+            json_files = [f for f in self._files if f.lower().endswith(".json")]
+            if json_files:
+                raise DataConfigError(
+                    f"TextFileSource: pattern={pattern!r} matches {json_files[0]!r}, a .json "
+                    "file, which is not read as plain text (its braces and keys would become "
+                    "tokens); if it holds one JSON object per line use kind='jsonl' "
+                    "(jsonl_field='text', or the key holding the text), or narrow the pattern "
+                    "to text files."
+                )
         self._fields: list[str | None] = [
-            jsonl_field if jsonl_field is not None else ("text" if f.endswith(".jsonl") else None)
+            jsonl_field
+            if jsonl_field is not None
+            else ("text" if f.endswith(".jsonl") and not json_as_text else None)
             for f in self._files
         ]
         if unit == "file":
