@@ -40,8 +40,10 @@ def test_plan_matches_the_config(tmp_path):
     )
     assert [s["name"] for s in plan["sources"]] == ["code", "prose"]
     assert [round(s["expected_share"], 3) for s in plan["sources"]] == [0.7, 0.3]
-    assert [s["global_batch_size"] for s in plan["stages"]] == [4, 8, 16]
-    assert plan["stages"][0]["tokens_per_step"] == 4 * 128
+    assert [s["vocab_size"] for s in plan["sources"]] == [258, 258]
+    assert plan["eod_token_id"] == 1  # the byte tokenizer's, as the sources' own
+    assert [s["global_batch_size"] for s in plan["stages"]] == [8, 16, 32]
+    assert plan["stages"][0]["tokens_per_step"] == 8 * 128
     assert 0 <= plan["padding_fraction"] < 0.2
     assert sum(plan["measured_shares"].values()) == pytest.approx(1.0)
 
