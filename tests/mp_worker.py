@@ -220,7 +220,11 @@ def scenario_hooks(params: dict) -> dict:
 
 
 def scenario_refusal_on_one_process(params: dict) -> dict:
-    """Process 1's data file is damaged: both processes must raise, none may hang."""
+    """Process 1 fails to restore: both processes must raise, none may hang.
+
+    `failure` is "damaged" (a truncated data file: a refusal) or "crash" (any
+    other exception on process 1 only).
+    """
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
@@ -230,9 +234,15 @@ def scenario_refusal_on_one_process(params: dict) -> dict:
 
     scenario_save_checkpoint(params)
     step_dir = f"{params['directory']}/{params.get('steps', 3)}/data"
-    if jax.process_index() == 1:
+    if jax.process_index() == 1 and params.get("failure", "damaged") == "damaged":
         with open(f"{step_dir}/process_1-of-2.json", "w") as damaged:
             damaged.write('{"header": ')
+    if jax.process_index() == 1 and params.get("failure") == "crash":
+
+        def crash(*args, **kwargs):
+            raise RuntimeError("simulated: the storage went away")
+
+        xd.DataCheckpointHandler._restore_here = crash
     multihost_utils.sync_global_devices("damaged")
     train, _ = xd.iterators_from_config(checkpoint_data_config(), build_mesh(params))
     manager = ocp.CheckpointManager(params["directory"])
@@ -243,8 +253,8 @@ def scenario_refusal_on_one_process(params: dict) -> dict:
     try:
         manager.restore(params.get("steps", 3), args=composite)
         outcome = "restored"
-    except xd.DataCheckpointError as error:
-        outcome = str(error)
+    except Exception as error:
+        outcome = f"{type(error).__name__}: {error}"
     train.close()
     return {"outcome": outcome}
 

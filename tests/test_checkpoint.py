@@ -348,7 +348,14 @@ def test_a_refusal_on_one_process_is_raised_on_every_process(tmp_path):
     first, second = run_processes("refusal_on_one_process", 2, tmp_path, params, timeout=90)
     assert "corrupted or truncated" in second["outcome"]
     assert "process_1-of-2.json" in second["outcome"]
-    assert "process(es) [1] refused" in first["outcome"]
+    assert "process(es) [1] failed" in first["outcome"]
+
+
+def test_any_exception_on_one_process_is_raised_on_every_process(tmp_path):
+    params = {"directory": str(tmp_path / "ckpt"), "steps": 3, "failure": "crash"}
+    first, second = run_processes("refusal_on_one_process", 2, tmp_path, params, timeout=90)
+    assert second["outcome"] == "RuntimeError: simulated: the storage went away"
+    assert first["outcome"].startswith("DataCheckpointError: process(es) [1] failed")
 
 
 def test_allowing_every_change_admits_a_new_dataset(tmp_path, mesh):

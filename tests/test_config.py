@@ -118,7 +118,7 @@ _DELETE = object()
         ("train.web.colour", "red", r"data.train.web has unknown keys \['colour'\]"),
         ("rampup", [[0, 0.5], [-3, 1.0]], r"data.rampup"),
         ("rampup", [[0, 0.5], [4, 0.0]], r"data.rampup"),
-        ("rampup", [[0, 0.5], [4, 1.5]], r"data.rampup"),
+        ("rampup", [[0, 0.5], [4, float("inf")]], r"data.rampup"),
         ("rampup", {"0": 0.5, "4": 1.0, "04": 0.75}, r"data.rampup"),
         ("rampup", [[5, 1.0]], r"data.rampup"),
         ("max_target_length", 1, r"data.max_target_length=1"),
@@ -169,3 +169,21 @@ def test_unknown_dataset_weight_in_the_factory():
         xd.make_grain_multihost_iterator({"a": rows}, None, mesh, 4, dataset_weights={"b": 1.0})
     with pytest.raises(xd.DataConfigError, match=r"weight -1"):
         xd.make_grain_multihost_iterator({"a": rows}, None, mesh, 4, dataset_weights={"a": -1})
+
+
+def test_paths_accept_what_the_sources_accept(tmp_path, monkeypatch):
+    nested = tmp_path / "corpus" / "2024" / "part-0.txt"
+    nested.parent.mkdir(parents=True)
+    nested.write_text("one document\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for path in ("~/corpus/**/*.txt", str(tmp_path / "corpus" / "**" / "*.txt")):
+        config = {
+            "train": {"web": {"kind": "text", "path": path}},
+            "global_batch_size": 4,
+            "max_target_length": 16,
+        }
+        (spec,) = validate_data_config(config).train
+        assert len(spec.build()) == 1
+    config["train"]["web"]["path"] = "~/corpus/*.txt"  # `*` does not recurse
+    with pytest.raises(xd.DataConfigError, match=r"data.train.web.path='~/corpus/\*.txt'"):
+        validate_data_config(config)

@@ -102,23 +102,24 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         """Sets the iterator to the saved position; returns the saved header.
 
         On several processes, all of them agree before returning: if any
-        process refuses, every process raises, instead of the others waiting
-        at orbax's next barrier until it times out.
+        process fails (a refusal, or any other exception: an unreadable file,
+        a bug), every process raises, instead of the others waiting at
+        orbax's next barrier until it times out.
         """
         directory = epath.Path(directory)
         layout = args.iterator.layout
-        error: DataCheckpointError | None = None
+        error: Exception | None = None
         header: dict[str, Any] = {}
         try:
             header = self._restore_here(directory, args)
-        except DataCheckpointError as refusal:
-            error = refusal
+        except Exception as failure:  # agreed on below, then re-raised
+            error = failure
         if layout.process_count > 1:
             failed = multihost_utils.process_allgather(np.int32(error is not None))
-            refused = [int(i) for i in np.flatnonzero(np.asarray(failed))]
-            if refused and error is None:
+            failing = [int(i) for i in np.flatnonzero(np.asarray(failed))]
+            if failing and error is None:
                 error = DataCheckpointError(
-                    f"process(es) {refused} refused to restore the data position from "
+                    f"process(es) {failing} failed to restore the data position from "
                     f"{directory} (this process's state was fine); see their error"
                 )
         if error is not None:

@@ -11,7 +11,6 @@ stage) run in `iterators_from_config`, still before reading.
 from __future__ import annotations
 
 import dataclasses
-import glob
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,13 +21,15 @@ from xlstm_data.errors import DataConfigError
 from xlstm_data.mixing import check_weight, normalize_weights
 from xlstm_data.rampup import RampupSchedule, parse_rampup
 from xlstm_data.reading import read_options
+from xlstm_data.sources import expand_files
 
 #: Options of each source kind: name -> (required, default).
 SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "array_record": {
         "path": (True, None),
         "record_format": (False, "tokens"),
-        "tokenizer": (False, "byte"),
+        # None: the tokenizer `prepare` recorded in the shards' index.json (else bytes).
+        "tokenizer": (False, None),
         "vocab_size": (False, None),
     },
     "text": {"path": (True, None), "unit": (False, "line"), "tokenizer": (False, "byte")},
@@ -224,10 +225,7 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
             raise DataConfigError(f"{key}.{option} is missing; kind {kind!r} requires it")
         options[option] = value
     if "path" in options:
-        paths = options["path"] if isinstance(options["path"], list | tuple) else [options["path"]]
-        for path in paths:
-            if not glob.glob(str(path)):
-                raise DataConfigError(f"{key}.path={path!r} matches no file")
+        expand_files(options["path"], f"{key}.path")  # what the source will open
     weight = spec.get("weight", 1.0)
     if with_weight:
         check_weight(f"{key}.weight={weight!r}", weight)

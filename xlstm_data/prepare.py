@@ -36,7 +36,7 @@ from absl import logging
 from xlstm_data.checks import check_int
 from xlstm_data.corpus_index import INDEX_FILE, LENGTHS_FILE, PREPARE_FORMAT_VERSION
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.sources import TEXT_UNITS, TextFileSource, _expand_files, write_array_record
+from xlstm_data.sources import TEXT_UNITS, TextFileSource, expand_files, write_array_record
 from xlstm_data.tokenizers import get_tokenizer
 
 INPUT_FORMATS = ("auto", "text", "jsonl", "tokens")
@@ -307,7 +307,7 @@ def prepare_corpus(
                 f"({loaded.vocab_size} ids); pass vocab_size >= {loaded.vocab_size}, or leave it "
                 "unset to use the tokenizer's"
             )
-    files = _expand_files(list(inputs), "inputs")
+    files = expand_files(list(inputs), "inputs")
     formats = [_format_of(path, input_format) for path in files]
     os.makedirs(os.path.join(output_dir, WORK_DIR), exist_ok=True)
     jobs = [

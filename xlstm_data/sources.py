@@ -121,7 +121,7 @@ class TokenSource(abc.ABC):
 # ----------------------------------------------------------------------------
 
 
-def _expand_files(pattern: PathPattern, arg: str = "pattern") -> list[str]:
+def expand_files(pattern: PathPattern, arg: str = "pattern") -> list[str]:
     """Expands a glob, a path, or a list of them into a sorted list of files.
 
     Args:
@@ -317,7 +317,7 @@ class ArrayRecordSource(TokenSource):
         explicit_vocab = _check_vocab_size(vocab_size, "ArrayRecordSource: vocab_size")
         if tokenizer is not None:
             self._tokenizer = get_tokenizer(tokenizer)
-        self._files = _expand_files(pattern, "ArrayRecordSource: pattern")
+        self._files = expand_files(pattern, "ArrayRecordSource: pattern")
         self._sources: list[Any] = []
         lengths: list[int] = []
         for path in self._files:
@@ -608,7 +608,7 @@ class TextFileSource(TokenSource):
         self._unit = unit
         self._tokenizer = get_tokenizer(tokenizer)
         self.vocab_size = int(self._tokenizer.vocab_size)
-        self._files = _expand_files(pattern, "TextFileSource: pattern")
+        self._files = expand_files(pattern, "TextFileSource: pattern")
         if jsonl_field is None and not json_as_text:
             json_files = [f for f in self._files if f.lower().endswith(".json")]
             if json_files:
