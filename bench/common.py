@@ -187,6 +187,9 @@ def write_result(
 ) -> dict[str, Any]:
     """Adds metadata and the overall `met` to `payload` and writes `<out>/<name>.json`.
 
+    `met` is None when there are no targets (a measurement of a user's own
+    pipeline), so no reader takes it for a pass.
+
     Args:
       config: The run's configuration.
       name: Benchmark name (the file name).
@@ -203,7 +206,7 @@ def write_result(
         "command": config.command,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "duration_secs": time.perf_counter() - started,
-        "met": all(t["met"] for t in targets),
+        "met": all(t["met"] for t in targets) if targets else None,
         **payload,
         "environment": environment(),
     }

@@ -2,23 +2,222 @@
 
 `prepare` tokenizes raw text, JSONL or token arrays into ArrayRecord shards
 with an index; `inspect` prints what a config will do before a long run is
-launched; `bench` runs the benchmarks in `bench/`. User errors print one
-line naming the bad argument or file and exit with status 2.
+launched; `bench` runs the benchmarks in `bench/`, or measures the pipeline
+of your own config. Every subcommand parses its flags with absl, and a config
+is read with ml_collections' `config_flags`, so `--config=run.py
+--config.data.global_batch_size=32` means the same here as for
+`python -m trainer_hooks.train`. User errors print one line naming the bad
+argument and exit with status 2.
+
+Each call parses into its own `absl.flags.FlagValues` instead of the global
+`FLAGS`: the override flags that `config_flags` defines per call would clash
+on a second call in one process (tests, notebooks), and `main` must return a
+status rather than exit as `absl.app.run` does.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
+import os
+import re
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from absl import flags
+from ml_collections import config_flags
 
 from xlstm_data.errors import DataConfigError, DataReadError
 
+PROG = "xlstm-data"
+_HELP_ARGS = ("-h", "--help", "-help", "--helpfull")
 
-def _prepare(args: argparse.Namespace) -> int:
+
+class UsageError(Exception):
+    """A bad command line; the message names the argument and what is valid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand: its flags, how it runs, and its help.
+
+    Attributes:
+      name: Subcommand name (`xlstm-data <name>`).
+      summary: One line for `xlstm-data --help`.
+      usage: The usage line after the program name, e.g. `prepare INPUT... --output=DIR`.
+      description: Paragraph shown by `--help`.
+      define: Defines the flags on a fresh `FlagValues`; gets the command's
+        argv too (config_flags needs it to find `--config.*` overrides).
+      run: Runs with the parsed flags and the positional arguments; returns
+        the exit status.
+    """
+
+    name: str
+    summary: str
+    usage: str
+    description: str
+    define: Callable[[flags.FlagValues, Sequence[str]], None]
+    run: Callable[[flags.FlagValues, list[str]], int]
+
+
+# ----------------------------------------------------------------------------
+# Parsing shared by every subcommand (and by `python -m bench.run`).
+# ----------------------------------------------------------------------------
+
+
+def define_config_flag(
+    fv: flags.FlagValues, argv: Sequence[str], help_string: str
+) -> flags.FlagHolder:
+    """`--config=FILE` with `--config.key=value` overrides (ml_collections config_flags)."""
+    return config_flags.DEFINE_config_file(
+        "config", None, help_string, flag_values=fv, sys_argv=[PROG, *argv]
+    )
+
+
+def format_help(command: Command, fv: flags.FlagValues, prog: str) -> str:
+    """Usage, description and every flag with its default."""
+    lines = [f"usage: {prog.split()[0]} {command.usage}", "", command.description, "", "flags:"]
+    for name in sorted(fv):
+        flag = fv[name]
+        if name != flag.name or name in ("flagfile", "undefok"):
+            continue  # a short alias, or absl's own
+        name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+        default = "" if flag.default is None else f" (default: {flag.default_as_str})"
+        lines += textwrap.wrap(
+            f"{name}: {flag.help}{default}", 88, initial_indent="  ", subsequent_indent="      "
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagValues, list[str]]:
+    """Parses `argv` (after the subcommand) into fresh flags; returns them and the positionals.
+
+    Raises:
+      UsageError: An unknown flag, a bad value, a missing config file or an
+        override of a key the config does not have (named with the keys
+        that exist there).
+    """
+    fv = flags.FlagValues()
+    command.define(fv, argv)
+    if "config" in fv:
+        _check_config_file(argv)
+    try:
+        positional = fv([prog, *argv])[1:]
+    except flags.UnrecognizedFlagError as error:
+        valid = ", ".join(f"--{name}" for name in sorted(fv) if name not in ("flagfile", "undefok"))
+        raise UsageError(f"unknown flag {error.flagvalue}; valid flags: {valid}") from None
+    except flags.Error as error:
+        raise UsageError(str(error)) from None
+    except (KeyError, AttributeError) as error:  # config_flags: a missing key or get_config
+        raise UsageError(_missing_override_key(argv) or f"--config: {error}") from None
+    return fv, positional
+
+
+def run_command(command: Command, argv: Sequence[str], prog: str) -> int:
+    """Parses, handles `--help`, runs, and turns user errors into one line and status 2."""
+    flags_part = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    if any(arg in _HELP_ARGS for arg in flags_part):
+        fv = flags.FlagValues()
+        command.define(fv, [])
+        print(format_help(command, fv, prog), end="")
+        return 0
+    try:
+        fv, positional = parse(command, argv, prog)
+        return command.run(fv, positional)
+    except UsageError as error:
+        print(f"{prog}: error: {error}\n(see '{prog} --help')", file=sys.stderr)
+        return 2
+    except (DataConfigError, DataReadError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of `--name=V` or `--name V` in argv (last one wins), before any `--`."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def _check_config_file(argv: Sequence[str]) -> None:
+    path = _flag_value(argv, "config")
+    if path is not None and not os.path.isfile(path.split(":", 1)[0]):
+        raise UsageError(f"--config={path!r} is not a file; pass a config .py with get_config()")
+
+
+def _missing_override_key(argv: Sequence[str]) -> str | None:
+    """Names the first `--config.a.b=v` whose key is not in the config, with the keys there."""
+    path = _flag_value(argv, "config")
+    if path is None:
+        return None
+    bare = [f"--config={path}"]  # the config without overrides, loaded the same way
+    fv = flags.FlagValues()
+    define_config_flag(fv, bare, "")
+    try:
+        fv([PROG, *bare])
+        config = fv.config
+    except AttributeError:
+        return f"--config={path!r} has no get_config() function"
+    for arg in argv:
+        match = re.match(r"^--(?:no)?config\.([^=]+)", arg)
+        if not match:
+            continue
+        section: Any = config
+        parts = match.group(1).split(".")
+        for depth, part in enumerate(parts):
+            keys = list(section.keys()) if hasattr(section, "keys") else []
+            if part not in keys:
+                where = "the config" if depth == 0 else f"config.{'.'.join(parts[:depth])}"
+                return (
+                    f"--config.{match.group(1)}: {part!r} is not in {where}; "
+                    f"keys there: {sorted(keys)}"
+                )
+            section = section[part]
+    return None
+
+
+# ----------------------------------------------------------------------------
+# prepare
+# ----------------------------------------------------------------------------
+
+
+def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
+    del argv
+    from xlstm_data.prepare import INPUT_FORMATS
+    from xlstm_data.sources import TEXT_UNITS
+
+    flags.DEFINE_string("output", None, "output directory (required)", flag_values=fv)
+    flags.DEFINE_string(
+        "format",
+        "auto",
+        f"one of {', '.join(INPUT_FORMATS)}: auto picks by suffix (.jsonl, .npy/.npz, else text)",
+        flag_values=fv,
+    )
+    flags.DEFINE_string("field", "text", "JSONL key holding the text", flag_values=fv)
+    flags.DEFINE_string(
+        "unit", "line", f"a text document is one {' or one '.join(TEXT_UNITS)}", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "tokenizer", "byte", "byte, or a local HuggingFace tokenizer .json", flag_values=fv
+    )
+    flags.DEFINE_integer("workers", 1, "input files tokenized in parallel", flag_values=fv)
+
+
+def _prepare(fv: flags.FlagValues, inputs: list[str]) -> int:
     from xlstm_data.prepare import prepare_corpus
+
+    if not inputs:
+        raise UsageError("no INPUT given; pass input files or globs, e.g. 'raw/*.jsonl'")
+    if not fv.output:
+        raise UsageError("--output is required: the directory the shards are written to")
 
     def progress(done: int, total: int, shard: dict[str, Any]) -> None:
         width = 30
@@ -32,103 +231,154 @@ def _prepare(args: argparse.Namespace) -> int:
         )
 
     index = prepare_corpus(
-        args.inputs,
-        args.output,
-        input_format=args.format,
-        field=args.field,
-        unit=args.unit,
-        tokenizer=args.tokenizer,
-        workers=args.workers,
+        inputs,
+        fv.output,
+        input_format=fv.format,
+        field=fv.field,
+        unit=fv.unit,
+        tokenizer=fv.tokenizer,
+        workers=fv.workers,
         progress=progress,
     )
     print(
         f"prepared {index['documents']:,} documents, {index['tokens']:,} tokens in "
-        f"{len(index['shards'])} shards: {args.output}/*.array_record "
-        f"(use kind='array_record', path='{args.output}/*.array_record')"
+        f"{len(index['shards'])} shards: {fv.output}/*.array_record "
+        f"(use kind='array_record', path='{fv.output}/*.array_record')"
     )
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
+PREPARE = Command(
+    name="prepare",
+    summary="tokenize text/JSONL/token arrays into ArrayRecord shards",
+    usage="prepare INPUT... --output=DIR [flags]",
+    description=(
+        "Tokenizes each INPUT file (or glob) into one ArrayRecord shard in --output, with\n"
+        "index.json and lengths.npy. A rerun keeps finished shards."
+    ),
+    define=_define_prepare,
+    run=_prepare,
+)
+
+
+# ----------------------------------------------------------------------------
+# inspect
+# ----------------------------------------------------------------------------
+
+
+def _define_inspect(fv: flags.FlagValues, argv: Sequence[str]) -> None:
+    define_config_flag(
+        fv,
+        argv,
+        "run config, a .py file with get_config() (required); override keys with "
+        "--config.KEY=VALUE, e.g. --config.data.global_batch_size=32",
+    )
+    flags.DEFINE_string(
+        "png", None, "write the plot here (default: ./<config name>.inspect.png)", flag_values=fv
+    )
+    flags.DEFINE_integer(
+        "steps",
+        None,
+        "steps of the real pipeline to plot (default: num_train_steps, at most 300)",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "cpu_devices",
+        None,
+        "CPU devices to plan the mesh with (default: what the mesh's fixed axes need)",
+        flag_values=fv,
+    )
+
+
+def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
     import jax
 
-    from xlstm_data.inspect_config import inspect_config, load_config, smallest_device_count
+    from xlstm_data.inspect_config import inspect_config, smallest_device_count
 
+    if positional:
+        raise UsageError(f"unexpected arguments {positional}; inspect takes only flags")
+    if fv.config is None:
+        raise UsageError("--config is required: a config .py file with get_config()")
     # A CPU-only machine plans the mesh on as many CPU devices as its fixed axes need.
-    devices = args.cpu_devices or smallest_device_count(load_config(args.config, args.override))
+    devices = fv.cpu_devices or smallest_device_count(fv.config)
     with contextlib.suppress(RuntimeError):  # JAX already started: keep its devices
         jax.config.update("jax_num_cpu_devices", devices)
-
     inspect_config(
-        args.config,
-        png=args.png,
-        overrides=args.override,
-        plot_steps=args.steps,
+        fv["config"].config_filename,
+        png=fv.png,
+        overrides=config_overrides(fv),
+        plot_steps=fv.steps,
         out=sys.stdout,
     )
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
+def config_overrides(fv: flags.FlagValues) -> list[str]:
+    """The parsed `--config.*` overrides as `KEY=VALUE` literals (for `inspect_config`)."""
+    overrides = []
+    for key, value in fv["config"].override_values.items():
+        plain = value.to_dict() if hasattr(value, "to_dict") else value
+        overrides.append(f"{key}={plain!r}")
+    return overrides
+
+
+INSPECT = Command(
+    name="inspect",
+    summary="print the data plan of a config and plot its first steps",
+    usage="inspect --config=FILE [--config.KEY=VALUE ...] [flags]",
+    description=(
+        "Prints each source's documents, tokens and expected share, the ramp-up stages,\n"
+        "the epoch length and one decoded row, and plots the first steps of the real pipeline."
+    ),
+    define=_define_inspect,
+    run=_inspect,
+)
+
+
+# ----------------------------------------------------------------------------
+# The dispatcher.
+# ----------------------------------------------------------------------------
+
+
+def _bench_main(argv: Sequence[str]) -> int:
     try:
         from bench.run import main as bench_main
     except ImportError as error:
-        print(f"xlstm-data bench: the bench package is not installed ({error})", file=sys.stderr)
+        print(f"{PROG} bench: the bench package is not installed ({error})", file=sys.stderr)
         return 2
-    return bench_main(args.bench_args)
+    return bench_main(list(argv))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xlstm-data", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+COMMANDS: dict[str, Command] = {"prepare": PREPARE, "inspect": INSPECT}
+#: Subcommands with their own entry point (same flags as `python -m bench.run`).
+DELEGATED = {"bench": ("run the benchmarks, or measure your config's pipeline", _bench_main)}
 
-    prepare = sub.add_parser("prepare", help="tokenize text/JSONL/token arrays into shards")
-    prepare.add_argument("inputs", nargs="+", help="input files or globs")
-    prepare.add_argument("--output", required=True, help="output directory")
-    prepare.add_argument(
-        "--format", default="auto", help="auto (by suffix), text, jsonl or tokens (.npy/.npz)"
-    )
-    prepare.add_argument("--field", default="text", help="JSONL key holding the text")
-    prepare.add_argument("--unit", default="line", help="text documents: line or file")
-    prepare.add_argument("--tokenizer", default="byte", help="byte, or a HF tokenizer .json")
-    prepare.add_argument("--workers", type=int, default=1, help="input files in parallel")
-    prepare.set_defaults(run=_prepare)
 
-    inspect = sub.add_parser("inspect", help="print the data plan of a config")
-    inspect.add_argument("--config", required=True, help="a configs/*.py file")
-    inspect.add_argument("--png", default=None, help="write the plan's plot here")
-    inspect.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. data.global_batch_size=32 (repeatable)",
-    )
-    inspect.add_argument(
-        "--steps", type=int, default=None, help="steps of the real pipeline to plot"
-    )
-    inspect.add_argument(
-        "--cpu_devices",
-        type=int,
-        default=None,
-        help="CPU devices to plan the mesh with (default: what the mesh's fixed axes need)",
-    )
-    inspect.set_defaults(run=_inspect)
-
-    bench = sub.add_parser("bench", help="run the benchmarks in bench/")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to bench.run")
-    bench.set_defaults(run=_bench)
-    return parser
+def _top_help() -> str:
+    lines = [f"usage: {PROG} COMMAND [flags]   ({PROG} COMMAND --help for its flags)", ""]
+    lines.append(__doc__.splitlines()[0])
+    lines += ["", "commands:"]
+    for name, command in COMMANDS.items():
+        lines.append(f"  {name:<8} {command.summary}")
+    for name, (summary, _) in DELEGATED.items():
+        lines.append(f"  {name:<8} {summary}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `xlstm-data` console script."""
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (DataConfigError, DataReadError) as error:
-        print(f"xlstm-data {args.command}: error: {error}", file=sys.stderr)
+    """Entry point of the `xlstm-data` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in _HELP_ARGS:
+        print(_top_help(), end="", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name in DELEGATED:
+        return DELEGATED[name][1](rest)
+    if name not in COMMANDS:
+        valid = [*COMMANDS, *DELEGATED]
+        print(f"{PROG}: error: unknown command {name!r}; valid: {valid}", file=sys.stderr)
         return 2
+    return run_command(COMMANDS[name], rest, f"{PROG} {name}")
 
 
 if __name__ == "__main__":
