@@ -143,3 +143,19 @@ def test_an_unknown_override_is_refused_by_name(tmp_path):
     )
     assert result.returncode != 0
     assert "wroker_count" in result.stderr
+
+
+def test_train_writes_tensorboard_events_with_the_component_shares(tmp_path):
+    from tests.test_writers import scalars
+
+    train(
+        tmp_path / "run",
+        REPO / "tests" / "train_config.py",
+        "--cpu_devices=2",
+        "--config.num_train_steps=5",
+        "--writer=tensorboard",
+    )
+    written = scalars(tmp_path / "run" / "tensorboard")
+    assert {"data/share/long", "data/share/short", "train/loss"} <= set(written)
+    assert 0.0 < written["data/share/long"][5] < 1.0
+    assert (tmp_path / "run" / "metrics.jsonl").exists()

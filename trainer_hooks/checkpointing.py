@@ -59,8 +59,13 @@ def save_args(state: Any, iterator: Any) -> ocp.args.Composite:
 class CheckpointHook(StepAnchoredAction):
     """Saves model and data position in one orbax step, periodically.
 
-    Call it after every training step with the number of steps done. With
-    `every_secs` on several processes, process 0's clock decides for all, so
+    Call it after every training step with the number of steps done. It
+    also follows orbax's pre-emption policy: once JAX's preemption service
+    reports a sync point (a SIGTERM, or the scheduler's notice, reached every
+    process), it saves that step, waits for the write, and sets `preempted`;
+    the loop should then stop. The service runs once `jax.distributed` is
+    initialized (`trainer_hooks.train` initializes it on one process too).
+    With `every_secs` on several processes, process 0's clock decides for all, so
     every process saves at the same step (a save is a collective); the clock
     is consulted only every `secs_check_every_steps` steps, since agreeing
     is itself a collective that would otherwise stall every step.
@@ -96,8 +101,18 @@ class CheckpointHook(StepAnchoredAction):
         self.manager = manager
         self.get_state = get_state
         self.iterator = iterator
+        self._preempted_at: int | None = None
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a pre-emption was signalled and its step is saved."""
+        return self._preempted_at is not None
 
     def _should_trigger(self, step: int, t: float) -> bool:
+        # Every process asks at every step: the sync point is agreed on collectively.
+        if self.manager.reached_preemption(step):
+            self._preempted_at = step
+            return True
         if self._every_secs is None or jax.process_count() == 1:
             return super()._should_trigger(step, t)
         if super()._should_trigger(step, self._previous_time):  # clock held: steps only
@@ -109,7 +124,11 @@ class CheckpointHook(StepAnchoredAction):
 
     def _apply(self, step: int, t: float) -> None:
         del t
-        self.save(step)
+        if self._preempted_at == step:
+            logging.warning("pre-emption notice: saving step %d before exiting", step)
+            self.finish(step)
+        else:
+            self.save(step)
 
     def save(self, step: int, *, force: bool = True) -> bool:
         """Starts saving step `step` now (the write finishes in the background)."""

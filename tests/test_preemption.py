@@ -1,0 +1,61 @@
+"""A SIGTERM (a scheduler's pre-emption notice) saves the current step, and a rerun resumes.
+
+`trainer_hooks.train` runs JAX's preemption service (on one process too), and
+`CheckpointHook` follows orbax's pre-emption policy: at the sync point every
+process agrees on after the signal, it saves model and data position and the
+run exits with status 143. The rerun must continue on exactly the next batch
+(compared with an uninterrupted run), on one process and on two where only
+one process got the signal.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from tests.test_train_resume import committed_steps, launch, records, wait_all
+
+
+def sigterm_after(workdir, num_processes: int, after_step: int) -> int:
+    """Starts a long run, SIGTERMs its last process after `after_step`; returns the saved step."""
+    procs = launch(workdir, num_processes, "--config.num_train_steps=100000")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        done = records(workdir)
+        if done and done[-1]["step"] >= after_step:
+            break
+        assert all(p.poll() is None for p in procs), procs[0].log.read_text()[-3000:]
+        time.sleep(0.01)
+    procs[-1].send_signal(signal.SIGTERM)
+    output = wait_all(procs, expect=143)
+    saved = int(re.search(r"pre-empted: step (\d+) is saved", output).group(1))
+    assert saved >= after_step
+    assert saved in committed_steps(workdir)
+    assert records(workdir)[-1]["step"] == saved
+    return saved
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_sigterm_saves_the_current_step_and_the_rerun_resumes_exactly(tmp_path, num_processes):
+    workdir = tmp_path / "preempted"
+    workdir.mkdir()
+    saved = sigterm_after(workdir, num_processes, after_step=6)
+    # Checkpoints are due every 4 steps; the pre-emption save comes on top of them.
+    end = saved + 3
+    output = wait_all(launch(workdir, num_processes, f"--config.num_train_steps={end}"))
+    assert f"resumed_from_step: {saved}" in output
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    wait_all(launch(reference, num_processes, f"--config.num_train_steps={end}"))
+    expected = {r["step"]: r for r in records(reference)}
+    got = {r["step"]: r for r in records(workdir)}
+    assert sorted(got) == list(range(1, end + 1))
+    for step in range(1, end + 1):
+        assert (got[step]["fingerprint"], got[step]["loss"]) == (
+            expected[step]["fingerprint"],
+            expected[step]["loss"],
+        ), f"step {step} differs after resuming from the pre-emption save at {saved}"
