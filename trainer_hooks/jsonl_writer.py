@@ -3,6 +3,7 @@
 jax-loop-utils has no TensorFlow-free summary writer that leaves a file
 behind; a JSON-lines file is easy to read back in tests, notebooks and the
 `inspect`/bench tools, and survives a SIGKILL up to the last flushed line.
+Every run writes one, TensorBoard or not (`trainer_hooks.writers.make_writer`).
 """
 
 from __future__ import annotations
