@@ -109,6 +109,18 @@ def test_prepare_runs_with_either_flag_syntax(tmp_path):
     assert json.loads((tmp_path / "out" / "index.json").read_text())["documents"] == 3
 
 
+def test_prepare_vocab_size_admits_token_ids_beyond_the_tokenizer(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "ids.npy", np.arange(600, dtype=np.int32).reshape(3, 200))
+    refused = xlstm_data("prepare", "ids.npy", "--output=out", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "vocab_size" in refused.stderr
+    result = xlstm_data("prepare", "ids.npy", "--output=out", "--vocab_size=1024", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "out" / "index.json").read_text())["vocab_size"] == 1024
+
+
 def test_prepare_errors_name_the_argument(tmp_path):
     result = xlstm_data("prepare", "a.txt", "--wrokers=2", "--output=o", cwd=tmp_path)
     assert result.returncode == 2

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from xlstm_data.cli import main as cli_main
-from xlstm_data.inspect_config import inspect_config
+from xlstm_data.inspect_config import inspect_config, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
 
@@ -29,12 +29,12 @@ def test_inspect_runs_on_every_config_and_writes_its_png(config, tmp_path, capsy
 def test_plan_matches_the_config(tmp_path):
     import io
 
-    config = CONFIGS[[p.stem for p in CONFIGS].index("demo")]
-    overrides = ["data.train.code.max_files=10", "data.train.prose.max_files=10"]
+    config = load_config(str(CONFIGS[[p.stem for p in CONFIGS].index("demo")]))
+    config.data.train.code.max_files = 10
+    config.data.train.prose.max_files = 10
     plan = inspect_config(
-        str(config),
+        config,
         png=str(tmp_path / "p.png"),
-        overrides=overrides,
         plot_steps=8,
         out=io.StringIO(),
     )
@@ -52,6 +52,6 @@ def test_bad_override_and_missing_config_are_named(tmp_path, capsys):
     assert cli_main(["inspect", f"--config={tmp_path / 'none.py'}"]) == 2
     assert "none.py" in capsys.readouterr().err
     config = CONFIGS[0]
-    assert cli_main(["inspect", f"--config={config}", "--override=nokey.deeper=1"]) == 2
+    assert cli_main(["inspect", f"--config={config}", "--config.nokey.deeper=1"]) == 2
     error = capsys.readouterr().err
-    assert "'nokey' is not in the config" in error and "'data'" in error
+    assert "nokey" in error and "'data'" in error

@@ -12,15 +12,20 @@ from trainer_hooks.checkpointing import (
     restore_or_initialize,
     save_args,
 )
+from trainer_hooks.config import default_config
 from trainer_hooks.data_metrics import DataMetricsHook
 from trainer_hooks.jsonl_writer import JsonlWriter
 from trainer_hooks.progress import ProgressHook
+from trainer_hooks.writers import TensorBoardWriter, make_writer
 
 __all__ = [
     "CheckpointHook",
     "DataMetricsHook",
     "JsonlWriter",
     "ProgressHook",
+    "TensorBoardWriter",
+    "default_config",
+    "make_writer",
     "checkpoint_manager",
     "restore_or_initialize",
     "save_args",

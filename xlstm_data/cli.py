@@ -209,6 +209,13 @@ def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
         "tokenizer", "byte", "byte, or a local HuggingFace tokenizer .json", flag_values=fv
     )
     flags.DEFINE_integer("workers", 1, "input files tokenized in parallel", flag_values=fv)
+    flags.DEFINE_integer(
+        "vocab_size",
+        None,
+        "vocabulary every id is checked against and recorded in index.json (default: the "
+        "tokenizer's); for token arrays whose ids are not the tokenizer's",
+        flag_values=fv,
+    )
 
 
 def _prepare(fv: flags.FlagValues, inputs: list[str]) -> int:
@@ -238,6 +245,7 @@ def _prepare(fv: flags.FlagValues, inputs: list[str]) -> int:
         unit=fv.unit,
         tokenizer=fv.tokenizer,
         workers=fv.workers,
+        vocab_size=fv.vocab_size,
         progress=progress,
     )
     print(
@@ -304,22 +312,13 @@ def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
     with contextlib.suppress(RuntimeError):  # JAX already started: keep its devices
         jax.config.update("jax_num_cpu_devices", devices)
     inspect_config(
-        fv["config"].config_filename,
+        fv.config,
+        name=fv["config"].config_filename,
         png=fv.png,
-        overrides=config_overrides(fv),
         plot_steps=fv.steps,
         out=sys.stdout,
     )
     return 0
-
-
-def config_overrides(fv: flags.FlagValues) -> list[str]:
-    """The parsed `--config.*` overrides as `KEY=VALUE` literals (for `inspect_config`)."""
-    overrides = []
-    for key, value in fv["config"].override_values.items():
-        plain = value.to_dict() if hasattr(value, "to_dict") else value
-        overrides.append(f"{key}={plain!r}")
-    return overrides
 
 
 INSPECT = Command(

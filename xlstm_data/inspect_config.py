@@ -11,10 +11,8 @@ show up here in seconds instead of hours into a run.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
-from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -34,8 +32,8 @@ SEGMENT_MARK = " ‖ "
 SHOWN_IDS = 32
 
 
-def load_config(path: str, overrides: Sequence[str] = ()) -> Any:
-    """Runs `get_config()` of a config file and applies `KEY=VALUE` overrides."""
+def load_config(path: str) -> Any:
+    """Runs `get_config()` of a config file (the command line loads it with config_flags)."""
     if not os.path.isfile(path):
         raise DataConfigError(f"--config={path!r} is not a file; pass a configs/*.py file")
     spec = importlib.util.spec_from_file_location("inspected_config", path)
@@ -43,26 +41,7 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> Any:
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise DataConfigError(f"--config={path!r} has no get_config() function")
-    config = module.get_config()
-    for override in overrides:
-        key, sep, raw = override.partition("=")
-        if not sep:
-            raise DataConfigError(f"--override={override!r} is invalid; expected KEY=VALUE")
-        *parents, leaf = key.split(".")
-        section = config
-        for part in parents:
-            if part not in section:
-                raise DataConfigError(
-                    f"--override key {key!r}: {part!r} is not in the config; keys there: "
-                    f"{sorted(section.keys())}"
-                )
-            section = section[part]
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        section[leaf] = value
-    return config
+    return module.get_config()
 
 
 def _mesh_axis_dims(config: Any) -> Any:
@@ -134,20 +113,21 @@ def _decoded_row(batch: Any, tokenizer: Tokenizer | None) -> str:
 
 
 def inspect_config(
-    config_path: str,
+    config: Any,
     *,
+    name: str | None = None,
     png: str | None = None,
-    overrides: Sequence[str] = (),
     plot_steps: int | None = None,
     out: TextIO,
 ) -> dict[str, Any]:
     """Prints the data plan of a config, a decoded sample batch, and plots the first steps.
 
     Args:
-      config_path: A config file with `get_config()`.
-      png: Where to write the plot (default: next to the config, `<name>.inspect.png`
-        in the current directory).
-      overrides: `KEY=VALUE` strings applied to the config first.
+      config: A run config (`ConfigDict` or dict, overrides already applied),
+        or the path of a config file with `get_config()`.
+      name: What the config is called in the output (default: its path, or "config").
+      png: Where to write the plot (default: `<name>.inspect.png` in the
+        current directory).
       plot_steps: Steps of the real pipeline to plot (default: the run's
         `num_train_steps`, at most 300).
       out: Where the plan is printed.
@@ -155,7 +135,10 @@ def inspect_config(
     Returns:
       The plan as a dict (also what was printed).
     """
-    config = load_config(config_path, overrides)
+    if isinstance(config, str | os.PathLike):
+        name = name or os.fspath(config)
+        config = load_config(os.fspath(config))
+    config_path = name or "config"
     data = validate_data_config(config)
     mesh_dims = _mesh_axis_dims(config)
     mesh = create_mesh(mesh_dims)
