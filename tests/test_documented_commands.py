@@ -1,0 +1,162 @@
+"""Every command line the docs show is executed by a test, as written.
+
+The docs' shell blocks are read here; each command must be listed in
+`COVERED_BY` with the test that runs it. A new documented command without a
+test fails `test_every_documented_command_is_covered`. The commands that no
+other test runs are run here, with only their placeholders (paths, the
+coordinator's address, the rank) replaced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.multiprocess import REPO, free_port
+
+DOCS = ("README.md", "configs/README.md", "bench/README.md")
+
+PREPARE = 'xlstm-data prepare "raw/*.jsonl" "raw/*.txt" --output=/data/corpus --workers=8'
+INSPECT = (
+    "xlstm-data inspect --config=configs/mixture_rampup.py "
+    "--config.data.global_batch_size=64 --png=plan.png"
+)
+BENCH_CONFIG = "xlstm-data bench --config=configs/mixture_rampup.py --steps=50 --out=bench_out"
+MULTIHOST = (
+    "python -m trainer_hooks.train --config=configs/multihost.py --workdir=/shared/run1 "
+    "--coordinator=10.0.0.1:1234 --num_processes=4 --process_id=$RANK"
+)
+
+#: Documented command -> "tests.module::test" that runs it.
+COVERED_BY = {
+    "make demo": "tests.test_documented_commands::test_make_demo",
+    "make test": ".ci/run (CI runs the suite with it)",
+    PREPARE: "tests.test_documented_commands::test_readme_prepare_command",
+    INSPECT: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
+    BENCH_CONFIG: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
+    MULTIHOST: "tests.test_documented_commands::test_readme_multihost_command_on_4_processes",
+    "python -m bench.run [NAME ...] [--tiny] [--out=DIR]": (
+        "tests.test_cli::test_bench_tiny_through_the_console_script"
+    ),
+    (
+        "xlstm-data bench --config=my_run.py [--config.data.worker_count=2 ...] [--steps=200] "
+        "[--step_secs=0.05] [--out=DIR]"
+    ): "tests.test_cli::test_bench_config_measures_the_pipeline_the_same_from_both_entry_points",
+}
+
+
+def documented_commands() -> list[str]:
+    commands = []
+    for doc in DOCS:
+        text = (REPO / doc).read_text()
+        for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", text, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                command = re.sub(r"\s+", " ", line.split("  #")[0]).strip()
+                if command:
+                    commands.append(command)
+    return commands
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+
+
+def shell(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs a documented command line with bash, the venv's commands first on PATH."""
+    environment = env()
+    environment["PATH"] = f"{Path(sys.executable).parent}:{environment['PATH']}"
+    result = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def test_every_documented_command_is_covered():
+    commands = documented_commands()
+    assert PREPARE in commands and MULTIHOST in commands
+    missing = [command for command in commands if command not in COVERED_BY]
+    assert not missing, f"documented commands no test runs: {missing}"
+    for covered_by in COVERED_BY.values():
+        if "::" in covered_by:
+            module, test = covered_by.split("::")
+            assert hasattr(importlib.import_module(module), test), covered_by
+
+
+def test_readme_prepare_command(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "web.jsonl").write_text('{"text": "one web page"}\n{"text": "another page"}\n')
+    (raw / "notes.txt").write_text("a line of text\nand a second one\n")
+    result = shell(PREPARE.replace("/data/corpus", str(tmp_path / "corpus")), tmp_path)
+    assert "prepared 4 documents" in result.stdout
+    index = json.loads((tmp_path / "corpus" / "index.json").read_text())
+    assert index["documents"] == 4 and len(index["shards"]) == 2
+
+
+def test_readme_inspect_and_bench_commands(tmp_path):
+    result = shell(INSPECT.replace("plan.png", str(tmp_path / "plan.png")), REPO)
+    assert (tmp_path / "plan.png").read_bytes().startswith(b"\x89PNG")
+    assert "64" in result.stdout
+    shell(BENCH_CONFIG.replace("bench_out", str(tmp_path / "bench_out")), REPO)
+    (written,) = (tmp_path / "bench_out").glob("pipeline_*.json")
+    assert json.loads(written.read_text())
+
+
+def test_readme_multihost_command_on_4_processes(tmp_path):
+    # 4 processes of 1 CPU device each: tp=2 over process pairs, fsdp=2.
+    command = MULTIHOST.replace("/shared/run1", str(tmp_path / "run1")).replace(
+        "10.0.0.1:1234", f"127.0.0.1:{free_port()}"
+    )
+    argv = shlex.split(command)
+    procs = []
+    for rank in range(4):
+        args = [a.replace("$RANK", str(rank)) for a in argv[1:]]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *args, "--config.num_train_steps=3", "--cpu_devices=1"],
+                cwd=REPO,
+                env=env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=300)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-4000:]
+    assert "final_step: 3" in outputs[0]
+    data = tmp_path / "run1" / "checkpoints" / "3" / "data"
+    assert sorted(p.name for p in data.glob("*.json")) == [
+        f"process_{i}-of-4.json" for i in range(4)
+    ]
+
+
+def test_make_demo(tmp_path):
+    result = subprocess.run(
+        ["make", "demo", f"DEMO_DIR={tmp_path / 'demo'}"],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "30 replayed steps compared with the pre-emption run: all identical" in result.stdout
