@@ -378,3 +378,26 @@ def test_a_weight_set_to_zero_is_refused_with_the_reason(tmp_path, mesh):
         restore(manager, 5, state, resumed, allow_config_change=True)
     assert "data.train.b.weight" in str(error.value)
     resumed.close()
+
+
+def test_an_eod_id_spelled_out_or_left_to_the_tokenizer_is_the_same_config(tmp_path, mesh):
+    config = checkpoint_data_config()
+    config["eod_token_id"] = 1  # what the byte tokenizer's convention resolves to
+    train = build(mesh, config)
+    take(train, 5)
+    manager = ocp.CheckpointManager(tmp_path / "ckpt")
+    save(manager, 5, {"w": np.arange(4.0)}, train)
+    following = take(train, 2)
+    manager.wait_until_finished()
+    train.close()
+    config.pop("eod_token_id")
+    resumed = build(mesh, config)
+    restore(manager, 5, {"w": np.arange(4.0)}, resumed)  # not refused as a change
+    for expected, got in zip(following, take(resumed, 2), strict=True):
+        assert_batches_equal(expected, got)
+    resumed.close()
+    config["eod_token_id"] = 0
+    other = build(mesh, config)
+    with pytest.raises(xd.DataCheckpointError, match=r"data.eod_token_id: 1 -> 0"):
+        restore(manager, 5, {"w": np.arange(4.0)}, other)
+    other.close()

@@ -8,6 +8,7 @@ tokenizers before any pipeline reads a document.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -70,6 +71,9 @@ def iterators_from_config(
             # Checked as each source opens, so a mismatch fails before the next is indexed.
             resolve_eod_token_id(cfg.eod_token_id, opened)
     eod_token_id = resolve_eod_token_id(cfg.eod_token_id, opened)
+    # The checkpoint records the id in use: an unset key that resolves to the
+    # id a config used to spell out is not a data-config change.
+    cfg = dataclasses.replace(cfg, eod_token_id=eod_token_id)
     sources = {spec.name: opened[f"data.train.{spec.name}"] for spec in mixed}
     eval_sources = {spec.name: opened[f"data.eval.{spec.name}"] for spec in cfg.eval}
     components = {}
