@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 
+import grain
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from tests.helpers import unique_token_docs
 from xlstm_data.chunking import document_to_examples
 from xlstm_data.grain_iterator import make_grain_llm_dataset
+from xlstm_data.packing import pack_examples
 
 EOD = 1
 
@@ -19,7 +21,7 @@ pipeline_settings = settings(
 )
 
 
-def _rows(lengths, max_len, packing, shift, shift_target, bins=3):
+def _rows(lengths, max_len, packing, shift, shift_target, bins=3, shuffle=True):
     docs = unique_token_docs(lengths)
     ds = make_grain_llm_dataset(
         0,
@@ -27,7 +29,7 @@ def _rows(lengths, max_len, packing, shift, shift_target, bins=3):
         docs,
         global_batch_size=4,
         max_target_length=max_len,
-        shuffle=True,
+        shuffle=shuffle,
         data_shuffle_seed=7,
         num_epochs=1,
         grain_packing=packing,
@@ -124,3 +126,47 @@ def test_packing_fills_rows():
     fill = lambda rows: np.mean([(r["inputs_segmentation"] != 0).mean() for r in rows])  # noqa: E731
     assert len(packed) < len(padded) / 2
     assert fill(packed) > 0.9 > fill(padded)
+
+
+def _documents_in(row) -> list[int]:
+    """The first input token of each segment of a row, in row order."""
+    seg = row["inputs_segmentation"]
+    return [int(row["inputs"][seg == s][0]) for s in np.unique(seg[seg != 0])]
+
+
+@pipeline_settings
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=25),
+    max_len=st.integers(2, 16),
+    bins=st.integers(1, 5),
+)
+def test_unshuffled_packing_keeps_first_fit_order(lengths, max_len, bins):
+    docs, rows = _rows(lengths, max_len, True, True, True, bins=bins, shuffle=False)
+    doc_of = {int(t): i for i, d in enumerate(docs) for t in d["tokens"]}
+    per_row = [[doc_of[t] for t in _documents_in(row)] for row in rows]
+    # First fit fills rows in order; unshuffled, they come out in that order:
+    # every row's documents ascend, and each row starts no earlier than the last.
+    for documents in per_row:
+        assert documents == sorted(documents)
+    firsts = [documents[0] for documents in per_row]
+    assert firsts == sorted(firsts)
+
+
+def test_unshuffled_packing_gives_documents_in_source_order():
+    # Equal documents fill the rows one after the other: exactly source order.
+    docs, rows = _rows([3] * 40, 8, True, True, True, bins=16, shuffle=False)
+    starts = [t for row in rows for t in _documents_in(row)]
+    assert starts == [int(d["tokens"][0]) for d in docs]
+
+
+def test_pack_examples_shuffles_rows_only_when_asked():
+    examples = grain.MapDataset.source(
+        [{"inputs": np.full(3, i, np.int32), "targets": np.full(3, i, np.int32)} for i in range(40)]
+    ).to_iter_dataset()
+    order = {
+        shuffle: [d for row in pack_examples(examples, 8, 16, 0, shuffle=shuffle) for d in
+                  _documents_in(row)]
+        for shuffle in (False, True)
+    }  # fmt: skip
+    assert order[False] == list(range(40))
+    assert sorted(order[True]) == list(range(40)) and order[True] != order[False]

@@ -153,7 +153,9 @@ def make_grain_llm_dataset(
         bins = grain_packing_bin_count or max(
             global_batch_size // host_count, MIN_DEFAULT_PACKING_BINS
         )
-        return pack_examples(examples, max_target_length, bins, seed=data_shuffle_seed)
+        return pack_examples(
+            examples, max_target_length, bins, seed=data_shuffle_seed, shuffle=shuffle
+        )
     return pad_examples(examples, max_target_length if apply_padding else None)
 
 

@@ -58,7 +58,12 @@ class _PadExample:
 
 
 def pack_examples(
-    dataset: grain.IterDataset, max_target_length: int, num_packing_bins: int, seed: int
+    dataset: grain.IterDataset,
+    max_target_length: int,
+    num_packing_bins: int,
+    seed: int,
+    *,
+    shuffle: bool = True,
 ) -> grain.IterDataset:
     """Packs examples into rows of `max_target_length` tokens, first fit.
 
@@ -67,6 +72,9 @@ def pack_examples(
       max_target_length: Row length.
       num_packing_bins: Rows kept open at once; more bins, less padding.
       seed: Seed of grain's bin shuffling.
+      shuffle: Shuffle the rows closed together (grain's `shuffle_bins`).
+        Without it rows come out in packing order, so an unshuffled pipeline
+        (eval, debugging) sees its documents in source order.
 
     Returns:
       Rows with the six `LLMBatch` fields.
@@ -76,6 +84,7 @@ def pack_examples(
         length_struct={feature: max_target_length for feature in _SEQUENCE_FEATURES},
         num_packing_bins=num_packing_bins,
         seed=seed,
+        shuffle_bins=shuffle,
     )
     return RowMapIterDataset(packed, _RenamePackedFeatures())
 
