@@ -37,7 +37,7 @@ from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.reading import read_options
 from xlstm_data.source_dataset import SourceDataset
 from xlstm_data.sources import as_token_source
-from xlstm_data.worker_batching import batch_in_workers
+from xlstm_data.worker_batching import batch_in_workers, prefetch_in_workers
 
 __all__ = [
     "make_grain_llm_dataset",
@@ -269,7 +269,7 @@ def make_grain_multihost_iterator(
         )
     else:  # see worker_batching: a finite stream's workers end unevenly
         batches = ScheduledBatchIterDataset(
-            rows.mp_prefetch(workers), schedule, drop_remainder=drop_remainder
+            prefetch_in_workers(rows, workers), schedule, drop_remainder=drop_remainder
         )
     if use_thread_prefetch:
         batches = grain.experimental.ThreadPrefetchIterDataset(

@@ -12,15 +12,24 @@ a tiny all-gather of "batches I know I have", done only every `prefetch` steps
 and only for finite multi-host streams; a host that runs out first contributes
 padding rows (segmentation 0) until then. With `drop_remainder` the stream
 instead stops at the first host's end, dropping the rest explicitly.
+
+An iterator owns a prefetch thread and its local pipeline (with any grain
+worker processes). `close()` releases them; so does dropping the iterator
+(a finalizer, since the thread holds it only weakly) and interpreter exit (an
+`atexit` hook, which runs before multiprocessing's own so the workers and their
+shared memory are gone before the resource tracker counts leaks).
 """
 
 from __future__ import annotations
 
-import contextlib
+import atexit
 import dataclasses
 import json
+import multiprocessing.util  # noqa: F401 - imported first, so its atexit hook runs after ours
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +64,54 @@ def is_infinite_stream(dataset: Any) -> bool:
         return True
     parents = getattr(dataset, "parents", ())
     return bool(parents) and all(is_infinite_stream(p) for p in parents)
+
+
+class IteratorClosedError(RuntimeError):
+    """`next()` (or a restart) on a `MultiHostDataLoadIterator` after `close()`."""
+
+
+class _Owned:
+    """What an iterator must release: its prefetch thread and local pipeline.
+
+    Kept apart from the iterator so a finalizer can release them after the
+    iterator itself is gone.
+    """
+
+    def __init__(self) -> None:
+        self.prefetcher: BackgroundPrefetcher[_Prefetched] | None = None
+        self.local_iterator: Any = None
+
+    def stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.prefetcher = None
+
+    def close_local(self) -> None:
+        if self.local_iterator is not None and hasattr(self.local_iterator, "close"):
+            self.local_iterator.close()
+        self.local_iterator = None
+
+    def release(self) -> None:
+        self.stop_prefetch()
+        self.close_local()
+        with _open_lock:
+            _open.discard(self)
+
+
+#: Resources of iterators not yet closed or collected; released at exit.
+_open: set[_Owned] = set()
+_open_lock = threading.Lock()
+
+
+@atexit.register
+def _release_all_at_exit() -> None:
+    with _open_lock:
+        owned = list(_open)
+    for resources in owned:
+        try:
+            resources.release()
+        except Exception as error:  # noqa: BLE001 - exiting anyway; release the others
+            logging.warning("releasing a data iterator at exit failed: %s", error)
 
 
 @dataclasses.dataclass
@@ -147,8 +204,11 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self.sync_end = sync_end
         self._padding_template: dict[str, np.ndarray] | None = None
         self._element_spec: Any = None
-        self._prefetcher: BackgroundPrefetcher[_Prefetched] | None = None
-        self._local_iterator: Any = None
+        self._owned = _Owned()
+        with _open_lock:
+            _open.add(self._owned)
+        self._finalizer = weakref.finalize(self, self._owned.release)
+        self._closed = False
         self.state_set = False
         self._restart(None)
 
@@ -159,8 +219,24 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
 
     # Lifecycle ---------------------------------------------------------------
 
+    @property
+    def _prefetcher(self) -> BackgroundPrefetcher[_Prefetched] | None:
+        return self._owned.prefetcher
+
+    @property
+    def _local_iterator(self) -> Any:
+        return self._owned.local_iterator
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IteratorClosedError(
+                "this MultiHostDataLoadIterator was closed (close() stopped its prefetch thread "
+                "and workers); build a new iterator to read more data"
+            )
+
     def _restart(self, state: Mapping[str, Any] | None) -> None:
         """(Re)creates the local iterator at `state`; prefetching starts on demand."""
+        self._check_open()
         self._stop_prefetch()
         reusable = (
             state is not None
@@ -169,7 +245,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         )
         if not reusable:
             self._close_local()
-            self._local_iterator = iter(self.dataloader)
+            self._owned.local_iterator = iter(self.dataloader)
         self._stateful = _is_stateful(self._local_iterator)
         self.step_counter = 0
         self._local_batches = 0
@@ -187,8 +263,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         overlap the first batches with model set-up and compilation. It is not
         started at construction, so a restore right after it wastes no work.
         """
+        self._check_open()
         if self._prefetcher is None:
-            self._prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
+            self._owned.prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
 
     def _started_prefetcher(self) -> BackgroundPrefetcher[_Prefetched]:
         self.start_prefetch()
@@ -209,23 +286,20 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._local_batches = int(state["local_batches"])
 
     def _stop_prefetch(self) -> None:
-        if self._prefetcher is not None:
-            self._prefetcher.stop()
-            self._prefetcher = None
+        self._owned.stop_prefetch()
 
     def _close_local(self) -> None:
-        if self._local_iterator is not None and hasattr(self._local_iterator, "close"):
-            self._local_iterator.close()
-        self._local_iterator = None
+        self._owned.close_local()
 
     def close(self) -> None:
-        """Stops the prefetch thread and closes the local pipeline (and its workers)."""
-        self._stop_prefetch()
-        self._close_local()
+        """Stops the prefetch thread and closes the local pipeline (and its workers).
 
-    def __del__(self):
-        with contextlib.suppress(Exception):  # interpreter shutdown
-            self._stop_prefetch()
+        The iterator is done afterwards: `next()`, `reset()` and `set_state()`
+        raise `IteratorClosedError`; `get_state()` still reports the position.
+        Closing twice is harmless.
+        """
+        self._closed = True
+        self._finalizer()
 
     def reset(self) -> None:
         """Restarts from the beginning of the data."""
@@ -255,6 +329,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         return self
 
     def __next__(self) -> Any:
+        self._check_open()
         started = time.perf_counter()
         batch = self._next_batch()
         self.data_counters.add(self._last_counts, time.perf_counter() - started)
@@ -373,6 +448,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
     def element_spec(self) -> Any:
         """Global shape and dtype of each field (peeks at the first batch)."""
         if self._element_spec is None:
+            self._check_open()
             first = self._started_prefetcher().peek()
             if first is None:
                 raise ValueError("the dataloader produced no batch, so it has no element_spec")

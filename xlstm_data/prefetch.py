@@ -4,6 +4,13 @@ A producer thread calls `produce()` until it raises StopIteration, keeping at
 most `depth` results ahead of the consumer. Errors in the thread are re-raised
 in the consumer at the position where they happened, never swallowed.
 
+The thread never keeps its owner alive: it shares only a small channel (the
+buffer and its condition) with the `BackgroundPrefetcher`, and holds a bound
+method `produce` weakly, taking a strong reference only for the duration of
+one call. An iterator dropped without `close()` is therefore collected, and
+its prefetcher's finalizer stops the thread; a thread that finds its producer
+gone stops by itself.
+
 Threads still running at interpreter exit are stopped by an `atexit` hook:
 a daemon thread frozen inside XLA's native code during finalisation aborts
 the process, so an iterator the caller forgot to close must not do that.
@@ -13,10 +20,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+import inspect
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -26,13 +34,78 @@ class _Failure:
         self.error = error
 
 
-_running: weakref.WeakSet[BackgroundPrefetcher] = weakref.WeakSet()
+class _Channel:
+    """What the producer thread and the consumer share (no reference to either)."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.buffer: collections.deque[Any] = collections.deque()
+        self.ended = False
+        self.stopping = False
+        self.cond = threading.Condition()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.buffer.clear()
+            self.cond.notify_all()
+
+
+#: Channels whose thread is still running; stopped at interpreter exit.
+_live: set[_Channel] = set()
+_live_lock = threading.Lock()
 
 
 @atexit.register
 def _stop_all_at_exit() -> None:
-    for prefetcher in list(_running):
-        prefetcher.stop()
+    with _live_lock:
+        channels = list(_live)
+    for channel in channels:
+        channel.stop()
+
+
+def _run(channel: _Channel, producer: Callable[[], Callable[[], Any] | None]) -> None:
+    try:
+        while True:
+            with channel.cond:
+                channel.cond.wait_for(
+                    lambda: channel.stopping or len(channel.buffer) < channel.depth
+                )
+                if channel.stopping:
+                    return
+            produce = producer()
+            if produce is None:  # the owner was collected: end the stream
+                with channel.cond:
+                    channel.ended = True
+                    channel.cond.notify_all()
+                return
+            try:
+                item: Any = produce()
+            except StopIteration:
+                item = None
+            except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
+                item = _Failure(error)
+            del produce  # hold the owner only while producing
+            with channel.cond:
+                if channel.stopping:
+                    return
+                if item is None:
+                    channel.ended = True
+                else:
+                    channel.buffer.append(item)
+                channel.cond.notify_all()
+                if item is None or isinstance(item, _Failure):
+                    return
+    finally:
+        with _live_lock:
+            _live.discard(channel)
+
+
+def _weak_producer(produce: Callable[[], T]) -> Callable[[], Callable[[], T] | None]:
+    """A bound method is held weakly (its object may go); anything else strongly."""
+    if inspect.ismethod(produce):
+        return weakref.WeakMethod(produce)
+    return lambda: produce
 
 
 class BackgroundPrefetcher(Generic[T]):
@@ -40,6 +113,8 @@ class BackgroundPrefetcher(Generic[T]):
 
     Args:
       produce: Called repeatedly in the thread; StopIteration ends the stream.
+        A bound method is held weakly: once its object is collected, the
+        thread stops instead of keeping it alive.
       depth: Most results buffered ahead of the consumer (>= 1).
       name: Thread name, for debugging.
     """
@@ -47,47 +122,27 @@ class BackgroundPrefetcher(Generic[T]):
     def __init__(self, produce: Callable[[], T], depth: int, name: str = "xlstm-data-prefetch"):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
-        self._produce = produce
-        self._depth = depth
-        self._buffer: collections.deque[T | _Failure] = collections.deque()
-        self._ended = False
-        self._stopping = False
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._channel = _Channel(depth)
+        self._thread = threading.Thread(
+            target=_run, args=(self._channel, _weak_producer(produce)), name=name, daemon=True
+        )
+        with _live_lock:
+            _live.add(self._channel)
         self._thread.start()
-        _running.add(self)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopping or len(self._buffer) < self._depth)
-                if self._stopping:
-                    return
-            try:
-                item: T | _Failure = self._produce()
-            except StopIteration:
-                item = None  # type: ignore[assignment]
-            except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
-                item = _Failure(error)
-            with self._cond:
-                if self._stopping:
-                    return
-                if item is None:
-                    self._ended = True
-                else:
-                    self._buffer.append(item)
-                self._cond.notify_all()
-                if item is None or isinstance(item, _Failure):
-                    return
+        # Dropped without stop(): wake the thread so it ends (without joining).
+        weakref.finalize(self, self._channel.stop)
 
     def get(self) -> T:
         """Returns the next result; raises StopIteration at the end of the stream."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._buffer or self._ended)
-            if not self._buffer:
+        channel = self._channel
+        with channel.cond:
+            channel.cond.wait_for(lambda: channel.buffer or channel.ended or channel.stopping)
+            if not channel.buffer:
+                if channel.stopping:
+                    raise RuntimeError("the prefetcher was stopped")
                 raise StopIteration
-            item = self._buffer.popleft()
-            self._cond.notify_all()
+            item = channel.buffer.popleft()
+            channel.cond.notify_all()
         if isinstance(item, _Failure):
             raise item.error
         return item
@@ -97,9 +152,10 @@ class BackgroundPrefetcher(Generic[T]):
 
         Returns None at the end of the stream; re-raises a producer error.
         """
-        with self._cond:
-            self._cond.wait_for(lambda: self._buffer or self._ended)
-            item = self._buffer[0] if self._buffer else None
+        channel = self._channel
+        with channel.cond:
+            channel.cond.wait_for(lambda: channel.buffer or channel.ended or channel.stopping)
+            item = channel.buffer[0] if channel.buffer else None
         if isinstance(item, _Failure):
             raise item.error
         return item
@@ -111,23 +167,26 @@ class BackgroundPrefetcher(Generic[T]):
           `(buffered, ended)`: results ready to `get`, and whether the producer
           has finished (so no result beyond them will come).
         """
-        with self._cond:
-            self._cond.wait_for(
+        channel = self._channel
+        with channel.cond:
+            channel.cond.wait_for(
                 lambda: (
-                    self._ended
-                    or len(self._buffer) >= self._depth
-                    or any(isinstance(i, _Failure) for i in self._buffer)
+                    channel.ended
+                    or channel.stopping
+                    or len(channel.buffer) >= channel.depth
+                    or any(isinstance(i, _Failure) for i in channel.buffer)
                 )
             )
-            failed = any(isinstance(i, _Failure) for i in self._buffer)
-            return len(self._buffer), self._ended or failed
+            failed = any(isinstance(i, _Failure) for i in channel.buffer)
+            return len(channel.buffer), channel.ended or channel.stopping or failed
 
     def stop(self) -> None:
         """Stops the thread after its current `produce()` call and drops the buffer."""
-        with self._cond:
-            self._stopping = True
-            self._buffer.clear()
-            self._cond.notify_all()
+        self._channel.stop()
         if self._thread is not threading.current_thread():
             self._thread.join()
-        _running.discard(self)
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The producer thread (for tests and debugging)."""
+        return self._thread

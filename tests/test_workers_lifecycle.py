@@ -1,0 +1,258 @@
+"""Worker processes and prefetch threads start, stop and go away cleanly.
+
+The worker tests run real scripts in fresh interpreters: pytest's conftest
+marks absl flags parsed, which would hide a script's `UnparsedFlagAccessError`,
+and orphaned processes or leaked shared memory show only when a process
+really exits or is killed.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import psutil
+import pytest
+
+import xlstm_data as xd
+from tests.helpers import unique_token_docs
+from xlstm_data.multihost_iterator import IteratorClosedError
+from xlstm_data.prefetch import BackgroundPrefetcher
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT_TIMEOUT_S = 120
+#: The bound on how long orphans may outlive their killed parent.
+ORPHAN_GRACE_S = 10
+
+#: A user's plain script: no absl app, no flag parsing, only the `__main__` guard.
+PLAIN_SCRIPT = """
+import numpy as np
+import xlstm_data as xd
+
+if __name__ == "__main__":
+    mesh = xd.create_mesh()
+    docs = [{"tokens": np.arange(10, 13 + i % 7, dtype=np.int32)} for i in range(64)]
+    # worker_count=1 is the default; batches of 32 x 2048 tokens are batched in
+    # the worker and big enough to cross in shared memory.
+    endless = xd.make_grain_llm_iterator(
+        None, None, mesh, [{"tokens": np.arange(10, 3000, dtype=np.int32)}] * 64, 32, 2048,
+        True, 0, grain_packing=True,
+    )
+    # Two workers on a finite stream send rows, which end unevenly.
+    finite = xd.make_grain_llm_iterator(
+        None, None, mesh, docs, 4, 8, False, 0, num_epochs=1, worker_count=2, grain_packing=True
+    )
+    shapes = [next(endless).inputs.shape for _ in range(3)]
+    rows = sum(1 for _ in finite)
+    finite.close()
+    print("OK", shapes[-1], rows > 0, flush=True)
+    # `endless` is left open on purpose: exit must release it too.
+"""
+
+#: A user's absl app with its own flag: our iterator must not disturb it.
+ABSL_APP_SCRIPT = """
+import numpy as np
+from absl import app, flags
+import xlstm_data as xd
+
+STEPS = flags.DEFINE_integer("steps", 1, "batches to read")
+
+def main(argv):
+    del argv
+    mesh = xd.create_mesh()
+    docs = [{"tokens": np.arange(10, 20, dtype=np.int32)} for _ in range(32)]
+    iterator = xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=2)
+    shapes = [next(iterator).inputs.shape for _ in range(STEPS.value)]
+    iterator.close()
+    print("OK", STEPS.value, len(shapes), flush=True)
+
+if __name__ == "__main__":
+    app.run(main)
+"""
+
+#: Iterates a two-worker iterator, says so, then waits to be killed.
+KILLED_SCRIPT = """
+import time
+import numpy as np
+import xlstm_data as xd
+
+if __name__ == "__main__":
+    mesh = xd.create_mesh()
+    docs = [{"tokens": np.arange(10, 20 + i % 5, dtype=np.int32)} for i in range(64)]
+    iterator = xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=2)
+    for _ in range(3):
+        next(iterator)
+    print("READY", flush=True)
+    time.sleep(300)
+"""
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+
+
+def _run_script(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "user_script.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+
+
+def _assert_clean_run(result: subprocess.CompletedProcess) -> str:
+    report = f"rc={result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, report
+    assert "UnparsedFlagAccessError" not in result.stderr, report
+    assert "leaked shared_memory" not in result.stderr, report
+    return result.stdout
+
+
+def test_workers_run_in_a_plain_script_and_exit_leaves_no_shared_memory(tmp_path):
+    out = _assert_clean_run(_run_script(tmp_path, PLAIN_SCRIPT))
+    assert "OK (32, 2048) True" in out
+
+
+def test_workers_leave_an_absl_apps_flags_alone(tmp_path):
+    out = _assert_clean_run(_run_script(tmp_path, ABSL_APP_SCRIPT, "--steps=3"))
+    assert "OK 3 3" in out
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """One line of the child's stdout, or '' if none came in `timeout` seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else ""
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_killed_parent_leaves_no_worker_or_resource_tracker(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(KILLED_SCRIPT))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    children: list[psutil.Process] = []
+    try:
+        line = _read_line(proc, SCRIPT_TIMEOUT_S)
+        assert line.strip() == "READY", f"script did not get ready (rc={proc.poll()})"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        commands = [" ".join(child.cmdline()) for child in children]
+        assert sum("spawn_main" in c for c in commands) == 2, commands
+        assert sum("resource_tracker" in c for c in commands) == 1, commands
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while _alive(children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = [" ".join(p.cmdline()) for p in _alive(children)]
+        assert not survivors, f"still alive {ORPHAN_GRACE_S} s after SIGKILL: {survivors}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for child in _alive(children):
+            child.kill()
+
+
+# Threads (in-process) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return xd.create_mesh()
+
+
+def _iterator(mesh):
+    docs = unique_token_docs(range(1, 40))
+    return xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=0)
+
+
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+    return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def test_dropped_iterators_release_their_threads(mesh):
+    before = set(threading.enumerate())
+    refs = []
+    for _ in range(5):
+        iterator = _iterator(mesh)
+        next(iterator)
+        assert iterator._prefetcher.thread.is_alive()
+        refs.append(weakref.ref(iterator))
+    del iterator
+    deadline = time.monotonic() + 10
+    while (_new_threads(before) or any(r() for r in refs)) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert not any(r() for r in refs), "a dropped iterator was not collected"
+    assert not _new_threads(before)
+
+
+def test_next_after_close_raises_a_clear_error(mesh):
+    iterator = _iterator(mesh)
+    next(iterator)
+    thread = iterator._prefetcher.thread
+    iterator.close()
+    assert not thread.is_alive()
+    iterator.close()  # closing twice is harmless
+    with pytest.raises(IteratorClosedError, match="was closed"):
+        next(iterator)
+    with pytest.raises(IteratorClosedError):
+        list(itertools.islice(iterator, 1))
+    with pytest.raises(IteratorClosedError):
+        iterator.reset()
+    assert iterator.get_state()["step"] == 1
+
+
+def test_prefetcher_thread_stops_when_its_owner_is_dropped():
+    class Owner:
+        def __init__(self):
+            self.count = 0
+
+        def produce(self) -> int:
+            self.count += 1
+            return self.count
+
+    owner = Owner()
+    prefetcher = BackgroundPrefetcher(owner.produce, depth=2)
+    assert prefetcher.get() == 1
+    owner_ref = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert owner_ref() is None  # the thread did not keep it alive
+    rest = []
+    with pytest.raises(StopIteration):  # what was buffered, then the end
+        while len(rest) < 10:
+            rest.append(prefetcher.get())
+    assert rest == list(range(2, 2 + len(rest))) and 1 <= len(rest) <= 3
+    prefetcher.thread.join(timeout=10)
+    assert not prefetcher.thread.is_alive()
