@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import clu.data
@@ -61,6 +62,29 @@ def test_reset_after_epoch_repeats_the_same_pass(mesh):
     assert len(first) == len(second) > 0
     for a, b in zip(first, second, strict=True):
         assert_batches_equal(a, b)
+
+
+def test_every_for_loop_over_an_eval_iterator_is_one_full_pass(mesh):
+    full = [to_numpy(b) for b in _eval_iterator(mesh)]
+    iterator = _eval_iterator(mesh, reset_after_epoch=True)
+    for _ in iterator:
+        break  # a loop that stops early
+    assert len(list(itertools.islice(iterator, 2))) == 2  # so does islice
+    again = [to_numpy(b) for b in iterator]
+    assert len(again) == len(full) > 2
+    for a, b in zip(again, full, strict=True):
+        assert_batches_equal(a, b)
+    # Right after a restore, a loop continues from the restored position.
+    next(iterator)
+    state = iterator.get_state()
+    fresh = _eval_iterator(mesh, reset_after_epoch=True)
+    fresh.set_state(state)
+    assert len([b for b in fresh]) == len(full) - 1
+    # A train iterator (no reset_after_epoch) just goes on.
+    train = _eval_iterator(mesh)
+    for _ in train:
+        break
+    assert len(list(train)) == len(full) - 1
 
 
 def test_iterator_length_stops_and_resets(mesh):

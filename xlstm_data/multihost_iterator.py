@@ -249,6 +249,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._stateful = _is_stateful(self._local_iterator)
         self.step_counter = 0
         self._local_batches = 0
+        self._moved = False  # whether a batch was handed out since this (re)start
         if state is not None:
             self._seek(state)
         self._local_ended = False
@@ -326,12 +327,22 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
     # Consuming ---------------------------------------------------------------
 
     def __iter__(self) -> MultiHostDataLoadIterator:
+        """Returns the iterator itself; with `reset_after_epoch`, at the start of a pass.
+
+        An eval iterator (`reset_after_epoch=True`) that handed out batches
+        since its last (re)start is reset, so every `for` loop over it is one
+        full pass, also after a loop that stopped early (`break`, `islice`).
+        Right after `set_state`, a loop continues from the restored position.
+        """
+        if self.reset_after_epoch and self._moved:
+            self.reset()
         return self
 
     def __next__(self) -> Any:
         self._check_open()
         started = time.perf_counter()
         batch = self._next_batch()
+        self._moved = True
         self.data_counters.add(self._last_counts, time.perf_counter() - started)
         return batch
 
