@@ -14,6 +14,7 @@ import pytest
 
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy, unique_token_docs
+from xlstm_data.batch import LLM_BATCH_FIELDS
 from xlstm_data.batching import ScheduledBatchIterDataset
 
 
@@ -85,6 +86,44 @@ def test_every_for_loop_over_an_eval_iterator_is_one_full_pass(mesh):
     for _ in train:
         break
     assert len(list(train)) == len(full) - 1
+
+
+def test_extra_row_fields_reach_the_batch(mesh):
+    rows = grain.MapDataset.source(
+        [
+            {
+                "inputs": np.full(4, i, np.int32),
+                "targets": np.full(4, i + 1, np.int32),
+                "inputs_segmentation": np.ones(4, np.int32),
+                "targets_segmentation": np.ones(4, np.int32),
+                "inputs_position": np.arange(4, dtype=np.int32),
+                "targets_position": np.arange(4, dtype=np.int32),
+                "loss_weights": np.full(4, 0.5, np.float32),
+            }
+            for i in range(6)
+        ]
+    ).to_iter_dataset()
+    seen = []
+
+    class RecordingBatch(dict):
+        @classmethod
+        def from_dict(cls, data):
+            seen.append(sorted(data))
+            return cls(data)
+
+    iterator = xd.make_grain_multihost_iterator(
+        rows, None, mesh, 4, worker_count=0, batch_class=RecordingBatch, drop_remainder=False
+    )
+    batches = list(iterator)
+    assert all(isinstance(b, RecordingBatch) for b in batches) and len(batches) == 2
+    assert seen[0] == sorted(["loss_weights", *LLM_BATCH_FIELDS])
+    weights = np.asarray(batches[1]["loss_weights"])
+    assert weights.dtype == np.float32 and weights.shape == (4, 4)
+    assert batches[1]["loss_weights"].sharding == xd.data_sharding(mesh)
+    np.testing.assert_array_equal(weights[:2], 0.5)
+    np.testing.assert_array_equal(weights[2:], 0.0)  # padding rows weigh nothing
+    plain = xd.make_grain_multihost_iterator(rows, None, mesh, 4, worker_count=0, batch_class=dict)
+    assert "loss_weights" in next(plain)
 
 
 def test_iterator_length_stops_and_resets(mesh):

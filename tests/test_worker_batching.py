@@ -97,3 +97,24 @@ def test_batch_in_workers_refuses_a_finite_stream():
         batch_in_workers(
             rows, lambda step: 2, [2], grain.MultiprocessingOptions(2), drop_remainder=True
         )
+
+
+def test_extra_row_fields_cross_the_workers(mesh):
+    row = {
+        "inputs": np.arange(8, dtype=np.int32),
+        "targets": np.arange(1, 9, dtype=np.int32),
+        **{f: np.ones(8, np.int32) for f in ("inputs_segmentation", "targets_segmentation")},
+        **{f: np.arange(8, dtype=np.int32) for f in ("inputs_position", "targets_position")},
+        "loss_weights": np.linspace(0, 1, 8, dtype=np.float32),
+    }
+    rows = grain.MapDataset.source([row] * 6).repeat(None).to_iter_dataset()
+    iterator = xd.make_grain_multihost_iterator(
+        rows, None, mesh, 4, worker_count=2, batch_class=dict, batch_rampup_factors={0: 0.5, 2: 1}
+    )
+    batches = [next(iterator) for _ in range(3)]
+    iterator.close()
+    assert [b["loss_weights"].shape for b in batches] == [(2, 8), (2, 8), (4, 8)]
+    for batch in batches:
+        weights = np.asarray(batch["loss_weights"])
+        assert weights.dtype == np.float32
+        np.testing.assert_array_equal(weights, np.broadcast_to(row["loss_weights"], weights.shape))

@@ -42,7 +42,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from xlstm_data.batch import LLM_BATCH_FIELDS, padding_value
+from xlstm_data.batch import padding_value
 from xlstm_data.data_stats import COMPONENT_ID_FIELD, BatchCounts, DataCounters, count_batch
 from xlstm_data.errors import DataConfigError
 from xlstm_data.global_arrays import common_shapes, form_global_batch, pad_to_shape
@@ -443,10 +443,16 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         return form_global_batch(host, self.sharding, self.layout.host_count)
 
     def _wrap(self, arrays: dict[str, Any]) -> Any:
+        """Builds a `batch_class` from all fields, extra ones (e.g. loss weights) included.
+
+        A class with `from_dict` (like `LLMBatch`) decides itself which fields
+        it keeps; any other class gets every field as a keyword argument.
+        """
         if self.batch_class is None:
             return arrays
-        if set(LLM_BATCH_FIELDS) <= set(arrays):
-            return self.batch_class(**{k: arrays[k] for k in LLM_BATCH_FIELDS})
+        from_dict = getattr(self.batch_class, "from_dict", None)
+        if callable(from_dict):
+            return from_dict(dict(arrays))
         return self.batch_class(**arrays)
 
     @staticmethod
