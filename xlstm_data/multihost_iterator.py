@@ -27,7 +27,6 @@ import dataclasses
 import json
 import multiprocessing.util  # noqa: F401 - imported first, so its atexit hook runs after ours
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -94,20 +93,18 @@ class _Owned:
     def release(self) -> None:
         self.stop_prefetch()
         self.close_local()
-        with _open_lock:
-            _open.discard(self)
+        _open.discard(self)
 
 
-#: Resources of iterators not yet closed or collected; released at exit.
+#: Resources of iterators not yet closed or collected; released at exit. No
+#: lock: `release` runs in finalizers, wherever the garbage collector does, and
+#: single set operations are atomic under the GIL.
 _open: set[_Owned] = set()
-_open_lock = threading.Lock()
 
 
 @atexit.register
 def _release_all_at_exit() -> None:
-    with _open_lock:
-        owned = list(_open)
-    for resources in owned:
+    for resources in _open.copy():
         try:
             resources.release()
         except Exception as error:  # noqa: BLE001 - exiting anyway; release the others
@@ -205,8 +202,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._padding_template: dict[str, np.ndarray] | None = None
         self._element_spec: Any = None
         self._owned = _Owned()
-        with _open_lock:
-            _open.add(self._owned)
+        _open.add(self._owned)
         self._finalizer = weakref.finalize(self, self._owned.release)
         self._closed = False
         self.state_set = False

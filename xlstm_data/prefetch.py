@@ -51,16 +51,15 @@ class _Channel:
             self.cond.notify_all()
 
 
-#: Channels whose thread is still running; stopped at interpreter exit.
+#: Channels whose thread is still running; stopped at interpreter exit. No
+#: lock: a finalizer may run (and join a thread) wherever the garbage collector
+#: does, and single set operations are atomic under the GIL.
 _live: set[_Channel] = set()
-_live_lock = threading.Lock()
 
 
 @atexit.register
 def _stop_all_at_exit() -> None:
-    with _live_lock:
-        channels = list(_live)
-    for channel in channels:
+    for channel in _live.copy():
         channel.stop()
 
 
@@ -97,8 +96,7 @@ def _run(channel: _Channel, producer: Callable[[], Callable[[], Any] | None]) ->
                 if item is None or isinstance(item, _Failure):
                     return
     finally:
-        with _live_lock:
-            _live.discard(channel)
+        _live.discard(channel)
 
 
 def _weak_producer(produce: Callable[[], T]) -> Callable[[], Callable[[], T] | None]:
@@ -126,8 +124,7 @@ class BackgroundPrefetcher(Generic[T]):
         self._thread = threading.Thread(
             target=_run, args=(self._channel, _weak_producer(produce)), name=name, daemon=True
         )
-        with _live_lock:
-            _live.add(self._channel)
+        _live.add(self._channel)
         self._thread.start()
         # Dropped without stop(): wake the thread so it ends (without joining).
         weakref.finalize(self, self._channel.stop)
