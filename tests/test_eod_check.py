@@ -9,8 +9,9 @@ import pytest
 
 import xlstm_data as xd
 from tests.test_tokenizers import write_byte_bpe
+from xlstm_data.end_of_document import resolve_eod_token_id
 from xlstm_data.errors import DataConfigError
-from xlstm_data.from_config import iterators_from_config, resolve_eod_token_id
+from xlstm_data.from_config import iterators_from_config
 from xlstm_data.sources import InMemorySource, SyntheticSource, TextFileSource
 from xlstm_data.tokenizers import HFTokenizer
 
@@ -130,9 +131,35 @@ def test_sources_without_a_tokenizer_follow_the_byte_convention(text_file, bpe):
     with pytest.raises(DataConfigError, match="vocab_size=100"):
         resolve_eod_token_id(100, {"data.train.s": synthetic})
     tiny = SyntheticSource(10, vocab_size=1, min_token_id=0)
-    with pytest.raises(DataConfigError, match=r"unset: 1, the byte tokenizer's.*vocab_size=1"):
+    with pytest.raises(DataConfigError, match=r"unset: 1, as no dataset has a tokenizer.*vocab_size=1"):
         resolve_eod_token_id(None, {"data.train.tiny": tiny})
     # Beside a tokenizer, that tokenizer decides.
     text = TextFileSource(str(text_file), tokenizer=str(bpe))
     both = {"data.train.s": SyntheticSource(10, vocab_size=400), "data.train.t": text}
     assert resolve_eod_token_id(None, both) == text.tokenizer.eod_id
+
+
+def test_factories_resolve_the_id_against_the_dataset_the_same_way(mesh, text_file):
+    source = TextFileSource(str(text_file))  # byte tokenizer: end of document is 1
+    kwargs = dict(
+        global_mesh=mesh,
+        dataset=source,
+        global_batch_size=4 * xd.data_parallel_size(mesh),
+        max_target_length=16,
+        shuffle=False,
+        data_shuffle_seed=0,
+        worker_count=0,
+    )
+    with pytest.raises(DataConfigError, match=r"eod_token_id=0 disagrees .* id is 1"):
+        xd.make_grain_llm_iterator(None, None, eod_token_id=0, **kwargs)
+    iterator = xd.make_grain_llm_iterator(None, None, **kwargs)  # unset: the tokenizer's 1
+    batch = next(iterator)
+    iterator.close()
+    targets = np.asarray(batch.targets)
+    segments = np.asarray(batch.targets_segmentation)
+    # The last target of every document (shift left) is the end-of-document id 1.
+    ends = (segments != 0) & (np.roll(segments, -1, axis=1) != segments)
+    assert set(targets[ends].tolist()) == {1}
+    # A dataset without a tokenizer keeps the reference API's default, 0.
+    plain = xd.make_grain_llm_iterator(None, None, **{**kwargs, "dataset": [[5, 6, 7]] * 16})
+    plain.close()

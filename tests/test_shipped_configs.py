@@ -141,8 +141,9 @@ def test_an_unknown_override_is_refused_by_name(tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode != 0
-    assert "wroker_count" in result.stderr
+    assert result.returncode == 2
+    assert "'wroker_count' is not in config.data; keys there:" in result.stderr
+    assert "worker_count" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_train_writes_tensorboard_events_with_the_component_shares(tmp_path):
@@ -159,3 +160,34 @@ def test_train_writes_tensorboard_events_with_the_component_shares(tmp_path):
     assert {"data/share/long", "data/share/short", "train/loss"} <= set(written)
     assert 0.0 < written["data/share/long"][5] < 1.0
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_mesh_without_dp_or_fsdp_trains_with_its_batch_axis_named(tmp_path):
+    run = tmp_path / "run"
+    out = train(
+        run,
+        REPO / "tests" / "train_config.py",
+        "--cpu_devices=4",
+        "--config.num_train_steps=2",
+        "--config.mesh.axis_dims=data:-1",
+        "--config.mesh.batch_axis_names=data",
+    )
+    assert "final_step: 2" in out
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_hooks.train",
+            f"--config={REPO / 'tests' / 'train_config.py'}",
+            f"--workdir={tmp_path / 'refused'}",
+            "--cpu_devices=4",
+            "--config.mesh.axis_dims=data:-1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0
+    assert "batch_axis_names" in refused.stderr

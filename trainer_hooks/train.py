@@ -38,7 +38,8 @@ from trainer_hooks.data_metrics import DataMetricsHook
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
 from trainer_hooks.progress import ProgressHook
 from trainer_hooks.writers import WRITER_KINDS, make_writer
-from xlstm_data import DataConfigError, create_mesh, data_sharding, iterators_from_config
+from xlstm_data import DataConfigError, create_mesh, iterators_from_config
+from xlstm_data.cli import missing_override_key
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs/*.py file).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and batch log go here.")
@@ -169,7 +170,8 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     workdir_path.mkdir(parents=True, exist_ok=True)
     primary = jax.process_index() == 0
     mesh = create_mesh(config.mesh.axis_dims)
-    train_iter, eval_iters = iterators_from_config(config.data, mesh)
+    batch_axes = config.mesh.batch_axis_names
+    train_iter, eval_iters = iterators_from_config(config.data, mesh, batch_axis_names=batch_axes)
     manager = checkpoint_manager(
         workdir_path / "checkpoints", max_to_keep=config.checkpoint.max_to_keep
     )
@@ -202,7 +204,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         allow_data_config_change=_ALLOW_CHANGE.value,
     )
 
-    batch_sharding = data_sharding(mesh)
+    batch_sharding = train_iter.sharding
     step_fn = jax.jit(
         train_step,
         in_shardings=(replicated, batch_sharding),
@@ -333,5 +335,19 @@ def main(argv: list[str]) -> None:
         sys.exit(PREEMPTED_EXIT_CODE)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a one-line error for an override of a missing key.
+
+    config_flags raises a bare AttributeError/KeyError (a traceback) for
+    `--config.no.such.key=1`; the keys that exist there are more useful.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except (KeyError, AttributeError) as error:
+        message = missing_override_key(argv[1:]) or f"--config: {error}"
+        print(f"FATAL Flags parsing error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -13,7 +13,7 @@ from xlstm_data.grain_iterator import (
 from xlstm_data.host_layout import DataHostLayout, data_host_layout
 from xlstm_data.host_sharding import shard_grain_dataset
 from xlstm_data.mesh import create_mesh, data_parallel_size, data_sharding
-from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
+from xlstm_data.multihost_iterator import IteratorClosedError, MultiHostDataLoadIterator
 
 __all__ = [
     "DataCheckpointError",
@@ -23,6 +23,7 @@ __all__ = [
     "DataConfigError",
     "DataHostLayout",
     "DataReadError",
+    "IteratorClosedError",
     "LLMBatch",
     "MultiHostDataLoadIterator",
     "create_mesh",

@@ -111,7 +111,7 @@ def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagV
     except flags.Error as error:
         raise UsageError(str(error)) from None
     except (KeyError, AttributeError) as error:  # config_flags: a missing key or get_config
-        raise UsageError(_missing_override_key(argv) or f"--config: {error}") from None
+        raise UsageError(missing_override_key(argv) or f"--config: {error}") from None
     return fv, positional
 
 
@@ -153,7 +153,7 @@ def _check_config_file(argv: Sequence[str]) -> None:
         raise UsageError(f"--config={path!r} is not a file; pass a config .py with get_config()")
 
 
-def _missing_override_key(argv: Sequence[str]) -> str | None:
+def missing_override_key(argv: Sequence[str]) -> str | None:
     """Names the first `--config.a.b=v` whose key is not in the config, with the keys there."""
     path = _flag_value(argv, "config")
     if path is None:

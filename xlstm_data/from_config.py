@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from jax.sharding import Mesh
 
 from xlstm_data.config import DataConfig, validate_data_config
+from xlstm_data.end_of_document import resolve_eod_token_id
 from xlstm_data.epoch_length import epoch_length
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.grain_iterator import (
@@ -26,11 +27,10 @@ from xlstm_data.grain_iterator import (
 from xlstm_data.host_layout import data_host_layout
 from xlstm_data.multihost_iterator import MultiHostDataLoadIterator
 from xlstm_data.rampup import BatchSizeSchedule
-from xlstm_data.tokenizers import ByteTokenizer
 
 
 def iterators_from_config(
-    data_config: Any, mesh: Mesh
+    data_config: Any, mesh: Mesh, *, batch_axis_names: str | Sequence[str] | None = None
 ) -> tuple[MultiHostDataLoadIterator, dict[str, MultiHostDataLoadIterator]]:
     """Builds the train iterator and one eval iterator per eval dataset.
 
@@ -44,12 +44,14 @@ def iterators_from_config(
       data_config: The data section (ConfigDict, dict or `DataConfig`), or a
         whole config holding it under `data`.
       mesh: The global mesh.
+      batch_axis_names: Mesh axes the batch rows are split over; default the
+        `dp`/`fsdp` axes the mesh has (see `mesh.data_axes`).
 
     Returns:
       `(train_iterator, {name: eval_iterator})`.
     """
     cfg: DataConfig = validate_data_config(data_config)
-    layout = data_host_layout(mesh)
+    layout = data_host_layout(mesh, batch_axis_names)
     BatchSizeSchedule(
         cfg.global_batch_size,
         cfg.rampup,
@@ -107,6 +109,7 @@ def iterators_from_config(
         drop_remainder=cfg.drop_remainder,
         batch_rampup_factors=cfg.rampup,
         prefetch=cfg.prefetch,
+        batch_axis_names=batch_axis_names,
     )
     train.data_config = cfg
     train.sources = sources
@@ -137,6 +140,7 @@ def iterators_from_config(
             drop_remainder=False,
             reset_after_epoch=True,
             prefetch=cfg.prefetch,
+            batch_axis_names=batch_axis_names,
         )
         for spec in cfg.eval
     }
@@ -145,70 +149,6 @@ def iterators_from_config(
             iterator, eval_sources[name], cfg, 1, iterator.batch_schedule, drop_remainder=False
         )
     return train, evals
-
-
-def resolve_eod_token_id(configured: int | None, sources: Mapping[str, Any]) -> int:
-    """The run's end-of-document id, checked against every source.
-
-    A source's tokenizer (`source.tokenizer`, e.g. text tokenized on read or
-    shards whose prepare index names one) defines the id its documents end
-    with: a configured id that differs would pack documents with a token that
-    means something else to the model, so it is refused; unset, the
-    tokenizers' common id is used. Sources without a tokenizer (synthetic ids,
-    bare token arrays) define none and accept any id inside their vocabulary;
-    when no source has a tokenizer the unset id follows the byte tokenizer's
-    convention (1), as synthetic data does (its ids start at 2). Every source
-    with a known `vocab_size` must contain the id.
-
-    Args:
-      configured: `data.eod_token_id`, or None when unset.
-      sources: The opened sources by config key (e.g. "data.train.web").
-
-    Returns:
-      The end-of-document id.
-
-    Raises:
-      DataConfigError: If the id is outside a source's vocabulary, a tokenizer
-        defines another id than the configured one, or (unset) the tokenizers
-        disagree.
-    """
-    own = {
-        key: (int(source.tokenizer.eod_id), source.tokenizer)
-        for key, source in sources.items()
-        if getattr(source, "tokenizer", None) is not None
-    }
-    if configured is not None:
-        eod, origin = int(configured), f"data.eod_token_id={configured}"
-    elif own:
-        ids = {key: eod for key, (eod, _) in own.items()}
-        if len(set(ids.values())) > 1:
-            listed = ", ".join(f"{key}: {eod}" for key, eod in ids.items())
-            raise DataConfigError(
-                "data.eod_token_id is unset and the datasets' tokenizers end documents with "
-                f"different ids ({listed}); a run has one vocabulary, so tokenize every dataset "
-                "with the same tokenizer"
-            )
-        key, (eod, tokenizer) = next(iter(own.items()))
-        origin = f"data.eod_token_id (unset: the end-of-document id of {key}'s {tokenizer!r})"
-    else:
-        eod = ByteTokenizer().eod_id
-        origin = f"data.eod_token_id (unset: {eod}, the byte tokenizer's, as no dataset has one)"
-    for key, source in sources.items():
-        vocab = getattr(source, "vocab_size", None)
-        if vocab is not None and not 0 <= eod < vocab:
-            raise DataConfigError(
-                f"{origin} is id {eod}, outside the vocabulary of {key} (vocab_size={vocab}, "
-                f"valid ids 0..{vocab - 1}); set data.eod_token_id to the end-of-document id of "
-                "the data's tokenizer"
-            )
-        if configured is not None and key in own and own[key][0] != eod:
-            theirs, tokenizer = own[key]
-            raise DataConfigError(
-                f"data.eod_token_id={configured} disagrees with the tokenizer of {key} "
-                f"({tokenizer!r}), whose end-of-document id is {theirs}; set "
-                f"data.eod_token_id={theirs}, or leave it unset (None) to use the tokenizer's"
-            )
-    return eod
 
 
 def component_seed(data_shuffle_seed: int, name: str) -> int:

@@ -22,6 +22,7 @@ from xlstm_data.batch import LLMBatch
 from xlstm_data.batching import ScheduledBatchIterDataset
 from xlstm_data.checks import check_int
 from xlstm_data.chunking import DocumentChunkIterDataset
+from xlstm_data.end_of_document import resolve_eod_token_id
 from xlstm_data.errors import DataConfigError
 from xlstm_data.host_layout import DataHostLayout, data_host_layout
 from xlstm_data.host_sharding import shard_bounds, shard_grain_dataset
@@ -76,7 +77,7 @@ def make_grain_llm_dataset(
     grain_packing_bin_count: int | None = None,
     shift: bool = True,
     shift_target: bool = True,
-    eod_token_id: int = 0,
+    eod_token_id: int | None = None,
     apply_padding: bool = True,
     *,
     read_threads: int | None = None,
@@ -88,6 +89,15 @@ def make_grain_llm_dataset(
     changes every epoch, repeated `num_epochs` times (forever if None), passed
     through `operations`, split into chunks of at most `max_target_length`
     tokens (never truncated: no token is lost), and packed first-fit or padded.
+
+    Defaults follow the reference API, so code written for it keeps its
+    data: no packing, and (through `make_grain_llm_iterator`) one worker
+    process. `iterators_from_config` defaults differ where the reference's
+    choice measured worse: `data.packing=True` (rows without padding) and
+    `data.worker_count=0` (see `bench/README.md`); `drop_remainder=True` is
+    the default of both. The end-of-document id resolves the same way on both
+    paths, except for its value when no tokenizer defines one (0 here, as in
+    the reference; 1 on the config path, the byte tokenizer's).
 
     Args:
       dataloading_host_index: This host's index among the data-loading hosts.
@@ -108,7 +118,11 @@ def make_grain_llm_dataset(
         8 bins leave 91% of a lognormal corpus's slots filled, 128 leave 97.6%).
       shift: Make targets the inputs shifted by one token.
       shift_target: Shift targets left (True) or inputs right with EOD as BOS.
-      eod_token_id: End-of-document id appended to every document.
+      eod_token_id: End-of-document id appended to every document; None: the
+        dataset's tokenizer's own (`dataset.tokenizer.eod_id`), or 0 when it
+        has none. An id outside the dataset's vocabulary, or one that
+        disagrees with its tokenizer's, is refused
+        (`end_of_document.resolve_eod_token_id`).
       apply_padding: Pad unpacked rows to `max_target_length` (otherwise they
         stay ragged and are padded per batch).
       read_threads: Threads reading documents ahead (0: none); see
@@ -122,7 +136,7 @@ def make_grain_llm_dataset(
     shard_bounds(0, dataloading_host_index, host_count)  # validates the index
     check_int("max_target_length", max_target_length, 2)
     check_int("global_batch_size", global_batch_size, 1)
-    check_int("eod_token_id", eod_token_id, 0)
+    check_int("eod_token_id", eod_token_id, 0, optional=True)
     if global_batch_size % host_count:
         raise DataConfigError(
             f"global_batch_size={global_batch_size} does not divide over "
@@ -133,6 +147,9 @@ def make_grain_llm_dataset(
     if grain_packing_bin_count is not None:
         check_int("grain_packing_bin_count", grain_packing_bin_count, 1)
     reading = read_options(read_threads, read_buffer_size)
+    eod_token_id = resolve_eod_token_id(
+        eod_token_id, {"dataset": dataset}, key="eod_token_id", fallback=0
+    )
     documents = _as_map_dataset(dataset)
     if len(documents) == 0:
         raise DataConfigError("dataset is empty; it must hold at least one document")
@@ -159,8 +176,13 @@ def make_grain_llm_dataset(
     return pad_examples(examples, max_target_length if apply_padding else None)
 
 
-def _host_layout_matching(mesh: Mesh, host_index: int | None, host_count: int | None):
-    layout = data_host_layout(mesh)
+def _host_layout_matching(
+    mesh: Mesh,
+    host_index: int | None,
+    host_count: int | None,
+    batch_axis_names: str | Sequence[str] | None,
+) -> DataHostLayout:
+    layout = data_host_layout(mesh, batch_axis_names)
     for name, given, derived in (
         ("dataloading_host_count", host_count, layout.host_count),
         ("dataloading_host_index", host_index, layout.host_index),
@@ -190,6 +212,7 @@ def make_grain_multihost_iterator(
     batch_rampup_factors: Mapping[Any, float] | None = None,
     *,
     prefetch: int = 2,
+    batch_axis_names: str | Sequence[str] | None = None,
 ) -> MultiHostDataLoadIterator:
     """Batches host pipelines and wraps them in a `MultiHostDataLoadIterator`.
 
@@ -225,6 +248,9 @@ def make_grain_multihost_iterator(
         changes only at stage boundaries, so a jitted step compiles once per
         stage.
       prefetch: Global batches prepared ahead on the devices.
+      batch_axis_names: Mesh axes the batch rows are split over (e.g.
+        `("data",)` for a MaxText-style mesh); default the `dp`/`fsdp` axes
+        the mesh has. A mesh with neither is refused unless they are named.
 
     Returns:
       The multi-host iterator.
@@ -240,7 +266,7 @@ def make_grain_multihost_iterator(
     weights = normalize_weights(list(components), dataset_weights)
     check_int("worker_count", worker_count, 0)
     check_int("worker_buffer_size", worker_buffer_size, 1)
-    layout = _host_layout_matching(global_mesh, None, dataloading_host_count)
+    layout = _host_layout_matching(global_mesh, None, dataloading_host_count, batch_axis_names)
     layout.host_batch_size(global_batch_size)
     rampup = (
         batch_rampup_factors
@@ -289,6 +315,7 @@ def make_grain_multihost_iterator(
         prefetch=prefetch,
         batch_schedule=schedule,
         component_names=kept_component_names(components, weights),
+        batch_axis_names=batch_axis_names,
     )
 
 
@@ -307,7 +334,7 @@ def make_grain_llm_iterator(
     grain_packing_bin_count: int | None = None,
     shift: bool = True,
     shift_target: bool = True,
-    eod_token_id: int = 0,
+    eod_token_id: int | None = None,
     worker_count: int = 1,
     worker_buffer_size: int = 1,
     apply_padding: bool = True,
@@ -320,19 +347,21 @@ def make_grain_llm_iterator(
     prefetch: int = 2,
     read_threads: int | None = None,
     read_buffer_size: int | None = None,
+    batch_axis_names: str | Sequence[str] | None = None,
 ) -> MultiHostDataLoadIterator:
     """Builds the host pipeline and the multi-host iterator in one call.
 
     The data-loading host index and count come from the mesh; if given, they
     must agree with it (pass None to take them from the mesh). See
     `make_grain_llm_dataset` and `make_grain_multihost_iterator` for the
-    other arguments.
+    other arguments, and the former for how the defaults (reference API's)
+    differ from `iterators_from_config`'s.
 
     Returns:
       The multi-host iterator of `batch_class` batches.
     """
     layout: DataHostLayout = _host_layout_matching(
-        global_mesh, dataloading_host_index, dataloading_host_count
+        global_mesh, dataloading_host_index, dataloading_host_count, batch_axis_names
     )
     layout.host_batch_size(global_batch_size)
     rows = make_grain_llm_dataset(
@@ -368,4 +397,5 @@ def make_grain_llm_iterator(
         use_thread_prefetch=use_thread_prefetch,
         batch_rampup_factors=batch_rampup_factors,
         prefetch=prefetch,
+        batch_axis_names=batch_axis_names,
     )

@@ -18,8 +18,9 @@ from typing import Any, TextIO
 import numpy as np
 
 from xlstm_data.config import validate_data_config
+from xlstm_data.end_of_document import resolve_eod_token_id
 from xlstm_data.errors import DataConfigError
-from xlstm_data.from_config import iterators_from_config, resolve_eod_token_id
+from xlstm_data.from_config import iterators_from_config
 from xlstm_data.mesh import DEFAULT_AXIS_DIMS, create_mesh, parse_axis_spec
 from xlstm_data.rampup import BatchSizeSchedule
 from xlstm_data.tokenizers import Tokenizer

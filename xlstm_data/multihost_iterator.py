@@ -46,7 +46,6 @@ from xlstm_data.data_stats import COMPONENT_ID_FIELD, BatchCounts, DataCounters,
 from xlstm_data.errors import DataConfigError
 from xlstm_data.global_arrays import common_shapes, form_global_batch, pad_to_shape
 from xlstm_data.host_layout import data_host_layout
-from xlstm_data.mesh import data_sharding
 from xlstm_data.prefetch import BackgroundPrefetcher
 
 #: Version of the state dict written by `get_state`; bump on format changes.
@@ -148,6 +147,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
       component_names: Names of the mixture components, indexed by the
         dataloader's `COMPONENT_ID_FIELD` (which is stripped from batches);
         used for per-component token counts in `data_counters`.
+      batch_axis_names: Mesh axes the batch rows are split over (see
+        `mesh.data_axes`); default the `dp`/`fsdp` axes the mesh has.
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         sync_end: bool | None = None,
         batch_schedule: Any = None,
         component_names: Sequence[str] = (),
+        batch_axis_names: str | Sequence[str] | None = None,
     ):
         if iterator_length is not None and iterator_length < 1:
             raise DataConfigError(f"iterator_length={iterator_length} must be >= 1 or None")
@@ -194,8 +196,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         #: `source_documents`, and for tools like `inspect` that would otherwise
         #: open them a second time).
         self.sources: Mapping[str, Any] = {}
-        self.layout = data_host_layout(global_mesh)
-        self.sharding = data_sharding(global_mesh)
+        self.layout = data_host_layout(global_mesh, batch_axis_names)
+        self.sharding = self.layout.sharding(global_mesh)
         if sync_end is None:
             sync_end = self.layout.host_count > 1 and not is_infinite_stream(dataloader)
         self.sync_end = sync_end
@@ -558,6 +560,9 @@ def _is_stateful(iterator: Any) -> bool:
 def _as_dict(batch: Any) -> Mapping[str, Any]:
     if isinstance(batch, Mapping):
         return batch
+    to_dict = getattr(batch, "to_dict", None)
+    if callable(to_dict):  # e.g. LLMBatch: its extra fields too
+        return to_dict()
     if dataclasses.is_dataclass(batch):
         return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
     raise DataConfigError(
