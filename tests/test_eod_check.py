@@ -131,7 +131,7 @@ def test_sources_without_a_tokenizer_follow_the_byte_convention(text_file, bpe):
     with pytest.raises(DataConfigError, match="vocab_size=100"):
         resolve_eod_token_id(100, {"data.train.s": synthetic})
     tiny = SyntheticSource(10, vocab_size=1, min_token_id=0)
-    with pytest.raises(DataConfigError, match=r"unset: 1, as no dataset has a tokenizer.*vocab_size=1"):
+    with pytest.raises(DataConfigError, match=r"unset: 1, as no dataset has a.*vocab_size=1"):
         resolve_eod_token_id(None, {"data.train.tiny": tiny})
     # Beside a tokenizer, that tokenizer decides.
     text = TextFileSource(str(text_file), tokenizer=str(bpe))
