@@ -64,3 +64,63 @@ def run_processes(
     if failures:
         raise AssertionError("\n\n".join(failures))
     return [json.loads(out.read_text()) for _, out in procs]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a fresh interpreter on this checkout, CPU only."""
+    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+
+
+def run_train(*args: str, expect: int = 0, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Runs `python -m trainer_hooks.train ARGS` and checks its exit status."""
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer_hooks.train", *args],
+        env=subprocess_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def run_train_processes(
+    num_processes: int, *args: str, timeout: float = 300, **popen: Any
+) -> list[str]:
+    """`python -m trainer_hooks.train ARGS` as ranks 0..n-1 of one run; their outputs.
+
+    `$RANK` in an argument is replaced by the process's rank, and a
+    coordinator on a free loopback port is added unless one is given.
+    """
+    if not any(arg.startswith("--coordinator=") for arg in args):
+        args = (*args, f"--coordinator=127.0.0.1:{free_port()}")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainer_hooks.train",
+                *[arg.replace("$RANK", str(rank)) for arg in args],
+                f"--num_processes={num_processes}",
+                "--initialization_timeout=60",
+            ],
+            env=subprocess_env(),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **popen,
+        )
+        for rank in range(num_processes)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"rank {rank} exited with {proc.returncode}:\n{out[-4000:]}"
+    return outputs

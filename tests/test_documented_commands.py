@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.multiprocess import REPO, free_port
+from tests.multiprocess import REPO, free_port, run_train_processes, subprocess_env
 
 DOCS = ("README.md", "configs/README.md", "bench/README.md")
 
@@ -63,13 +62,9 @@ def documented_commands() -> list[str]:
     return commands
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
-
-
 def shell(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs a documented command line with bash, the venv's commands first on PATH."""
-    environment = env()
+    environment = subprocess_env()
     environment["PATH"] = f"{Path(sys.executable).parent}:{environment['PATH']}"
     result = subprocess.run(
         ["bash", "-c", command],
@@ -119,29 +114,9 @@ def test_readme_multihost_command_on_4_processes(tmp_path):
     command = MULTIHOST.replace("/shared/run1", str(tmp_path / "run1")).replace(
         "10.0.0.1:1234", f"127.0.0.1:{free_port()}"
     )
-    argv = shlex.split(command)
-    procs = []
-    for rank in range(4):
-        args = [a.replace("$RANK", str(rank)) for a in argv[1:]]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *args, "--config.num_train_steps=3", "--cpu_devices=1"],
-                cwd=REPO,
-                env=env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=300)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-    for proc, out in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-4000:]
+    outputs = run_train_processes(
+        4, *shlex.split(command)[3:], "--config.num_train_steps=3", "--cpu_devices=1"
+    )
     assert "final_step: 3" in outputs[0]
     data = tmp_path / "run1" / "checkpoints" / "3" / "data"
     assert sorted(p.name for p in data.glob("*.json")) == [
@@ -153,7 +128,7 @@ def test_make_demo(tmp_path):
     result = subprocess.run(
         ["make", "demo", f"DEMO_DIR={tmp_path / 'demo'}"],
         cwd=REPO,
-        env=env(),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=480,
