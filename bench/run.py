@@ -36,7 +36,7 @@ from typing import Any
 from absl import flags, logging
 
 from bench import BENCHMARKS, common
-from xlstm_data.cli import Command, UsageError, define_config_flag, run_command
+from xlstm_data.cli import Command, UsageError, define_config_flag, run_command, run_config
 
 #: Default results directory of the named benchmarks (next to this file).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -122,7 +122,7 @@ def _run(fv: flags.FlagValues, names: list[str], argv: Sequence[str] = ()) -> in
         name = "pipeline_" + os.path.splitext(os.path.basename(path.split(":", 1)[0]))[0]
         print(f"running {name} ({steps} steps) ...", flush=True)
         result = measure_pipeline(
-            fv.config,
+            run_config(fv),
             config,
             name,
             config_path=path,
@@ -211,7 +211,10 @@ def measure_pipeline(
     with contextlib.suppress(RuntimeError):  # JAX already started: keep its devices
         jax.config.update("jax_num_cpu_devices", smallest_device_count(run_config))
     axis_dims = run_config.get("mesh", {}).get("axis_dims", DEFAULT_AXIS_DIMS)
-    train, evals = xd.iterators_from_config(run_config, xd.create_mesh(axis_dims))
+    batch_axes = run_config.get("mesh", {}).get("batch_axis_names")
+    train, evals = xd.iterators_from_config(
+        run_config, xd.create_mesh(axis_dims), batch_axis_names=batch_axes
+    )
     for iterator in evals.values():
         iterator.close()
     try:

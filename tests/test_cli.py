@@ -154,13 +154,15 @@ def test_inspect_refuses_an_unknown_override_key(tmp_path, config):
     assert result.stdout == ""
     first = result.stderr.strip().splitlines()[0]
     assert first.startswith(
-        "xlstm-data inspect: error: --config.data.global_batch_sise: "
-        "'global_batch_sise' is not in config.data; keys there: ["
+        "xlstm-data inspect: error: data has unknown keys ['global_batch_sise']; valid keys: ["
     )
     assert "'global_batch_size'" in first and "'train'" in first
     result = xlstm_data("inspect", f"--config={config}", "--config.dta.x=1", cwd=tmp_path)
     assert result.returncode == 2
-    assert "'dta' is not in the config; keys there: ['data', 'num_train_steps']" in result.stderr
+    assert "dta" in result.stderr and 'Did you mean "data"' in result.stderr
+    result = xlstm_data("inspect", f"--config={config}", "--config.num_steps=1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "config key num_steps is unknown; valid keys here:" in result.stderr
 
 
 def test_inspect_bad_override_value_and_missing_config(tmp_path, config):

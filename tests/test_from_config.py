@@ -160,3 +160,21 @@ def test_a_json_file_in_a_text_dataset_is_refused_naming_the_key(mesh, tmp_path)
     tokens = set(np.asarray(next(train).inputs).ravel().tolist())
     train.close()
     assert ord("{") + 2 in tokens and ord('"') + 2 not in tokens  # the text, not the JSON
+
+
+def test_the_model_vocabulary_covers_train_and_eval_sources(mesh):
+    from trainer_hooks.train import model_vocab_size
+
+    config = {
+        "train": {"web": {"kind": "synthetic", "num_documents": 50}},
+        "eval": {"wide": {"kind": "synthetic", "num_documents": 8, "vocab_size": 1000}},
+        "global_batch_size": 8,
+        "max_target_length": 32,
+    }
+    train, evals = iterators_from_config(config, mesh)
+    iterators = [train, *evals.values()]
+    assert model_vocab_size(None, iterators) == 1000
+    with pytest.raises(xd.DataConfigError, match=r"model.vocab_size=258 .* 'wide' \(1000 ids\)"):
+        model_vocab_size(258, iterators)
+    for iterator in iterators:
+        iterator.close()

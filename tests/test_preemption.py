@@ -4,12 +4,14 @@
 `CheckpointHook` follows orbax's pre-emption policy: at the sync point every
 process agrees on after the signal, it saves model and data position and the
 run exits with status 143. The rerun must continue on exactly the next batch
-(compared with an uninterrupted run), on one process and on two where only
-one process got the signal.
+(compared with an uninterrupted run): on one process with 2 grain workers,
+the signal sent to the whole process group as SLURM does (the workers must
+survive it), and on two processes where only one process got the signal.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -19,9 +21,12 @@ import pytest
 from tests.test_train_resume import committed_steps, launch, records, wait_all
 
 
-def sigterm_after(workdir, num_processes: int, after_step: int) -> int:
-    """Starts a long run, SIGTERMs its last process after `after_step`; returns the saved step."""
-    procs = launch(workdir, num_processes, "--config.num_train_steps=100000")
+def sigterm_after(workdir, num_processes: int, after_step: int, *flags: str) -> int:
+    """Starts a long run, SIGTERMs its last process after `after_step`; returns the saved step.
+
+    With one process the signal goes to its whole process group (workers included).
+    """
+    procs = launch(workdir, num_processes, "--config.num_train_steps=100000", *flags)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         done = records(workdir)
@@ -29,7 +34,10 @@ def sigterm_after(workdir, num_processes: int, after_step: int) -> int:
             break
         assert all(p.poll() is None for p in procs), procs[0].log.read_text()[-3000:]
         time.sleep(0.01)
-    procs[-1].send_signal(signal.SIGTERM)
+    if num_processes == 1:
+        os.killpg(procs[0].pid, signal.SIGTERM)
+    else:
+        procs[-1].send_signal(signal.SIGTERM)
     output = wait_all(procs, expect=143)
     saved = int(re.search(r"pre-empted: step (\d+) is saved", output).group(1))
     assert saved >= after_step
@@ -42,15 +50,16 @@ def sigterm_after(workdir, num_processes: int, after_step: int) -> int:
 def test_sigterm_saves_the_current_step_and_the_rerun_resumes_exactly(tmp_path, num_processes):
     workdir = tmp_path / "preempted"
     workdir.mkdir()
-    saved = sigterm_after(workdir, num_processes, after_step=6)
+    flags = ("--config.data.worker_count=2",) if num_processes == 1 else ()
+    saved = sigterm_after(workdir, num_processes, 6, *flags)
     # Checkpoints are due every 4 steps; the pre-emption save comes on top of them.
     end = saved + 3
-    output = wait_all(launch(workdir, num_processes, f"--config.num_train_steps={end}"))
+    output = wait_all(launch(workdir, num_processes, f"--config.num_train_steps={end}", *flags))
     assert f"resumed_from_step: {saved}" in output
 
     reference = tmp_path / "reference"
     reference.mkdir()
-    wait_all(launch(reference, num_processes, f"--config.num_train_steps={end}"))
+    wait_all(launch(reference, num_processes, f"--config.num_train_steps={end}", *flags))
     expected = {r["step"]: r for r in records(reference)}
     got = {r["step"]: r for r in records(workdir)}
     assert sorted(got) == list(range(1, end + 1))

@@ -65,7 +65,11 @@ def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
         "--config.data.eod_token_id=1",
         "--config.data.rampup=[[0, 0.25], [2, 1.0]]",
         "--config.checkpoint.every_secs=600",
+        "--config.checkpoint.max_to_keep=None",
         "--config.model.vocab_size=300",
+        # A source option the file leaves out, and a typed key set back to unset.
+        "--config.data.train.synthetic.mean_length=50.0",
+        "--config.data.packing_bin_count=None",
     )
     assert "final_step: 4" in out
     assert [row["batch_size"] for row in batch_log(tmp_path / "run")] == [4, 4, 16, 16]
@@ -80,9 +84,19 @@ def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
 
 
 def test_an_unknown_override_is_refused_by_name(tmp_path):
-    error = train(tmp_path, REPO / "configs" / "demo.py", "--config.data.wroker_count=2", expect=2)
-    assert "'wroker_count' is not in config.data; keys there:" in error
+    error = train(tmp_path, REPO / "configs" / "demo.py", "--config.data.wroker_count=2", expect=1)
+    assert "data has unknown keys ['wroker_count']; valid keys:" in error
     assert "worker_count" in error and "Traceback" not in error
+    error = train(tmp_path, REPO / "configs" / "demo.py", "--config.num_train_step=2", expect=1)
+    assert "config key num_train_step is unknown; valid keys here:" in error
+    error = train(
+        tmp_path, REPO / "configs" / "demo.py", "--config.chekpoint.every_steps=2", expect=1
+    )
+    assert "config key chekpoint is unknown; valid keys here:" in error
+    error = train(
+        tmp_path, REPO / "configs" / "demo.py", "--config.data.train.code.prat=code", expect=1
+    )
+    assert "data.train.code has unknown keys ['prat']" in error
 
 
 def test_train_writes_tensorboard_events_with_the_component_shares(tmp_path):

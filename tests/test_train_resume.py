@@ -50,7 +50,10 @@ def launch(workdir: Path, num_processes: int, *flags: str) -> list[subprocess.Po
             ]
         log = workdir.parent / f"{workdir.name}_{pid}_{time.time_ns()}.log"
         with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            # Its own session: a signal to its process group reaches its workers, not pytest.
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         proc.log = log
         procs.append(proc)
     return procs

@@ -97,11 +97,35 @@ if __name__ == "__main__":
 """
 
 
+#: A SIGTERM to the whole process group, as SLURM sends a pre-emption notice: the
+#: parent handles it (JAX's preemption service in `train`); its workers must live on.
+GROUP_SIGTERM_SCRIPT = """
+import os, signal
+import xlstm_data as xd
+
+if __name__ == "__main__":
+    mesh = xd.create_mesh()
+    source = xd.sources.SyntheticSource(num_documents=2000, mean_length=100)
+    iterator = xd.make_grain_llm_iterator(
+        None, None, mesh, source, 8, 64, True, 0, worker_count=2, grain_packing=True
+    )
+    next(iterator)
+    signal.signal(signal.SIGTERM, lambda *_: print("parent got SIGTERM", flush=True))
+    os.killpg(0, signal.SIGTERM)
+    for _ in range(60):
+        next(iterator)
+    iterator.close()
+    print("60 batches after the signal")
+"""
+
+
 def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
 
 
-def _run_script(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+def _run_script(
+    tmp_path: Path, source: str, *args: str, own_group: bool = False
+) -> subprocess.CompletedProcess:
     script = tmp_path / "user_script.py"
     script.write_text(textwrap.dedent(source))
     return subprocess.run(
@@ -111,6 +135,7 @@ def _run_script(tmp_path: Path, source: str, *args: str) -> subprocess.Completed
         capture_output=True,
         text=True,
         timeout=SCRIPT_TIMEOUT_S,
+        start_new_session=own_group,
     )
 
 
@@ -125,6 +150,11 @@ def _assert_clean_run(result: subprocess.CompletedProcess) -> str:
 def test_workers_run_in_a_plain_script_and_exit_leaves_no_shared_memory(tmp_path):
     out = _assert_clean_run(_run_script(tmp_path, PLAIN_SCRIPT))
     assert "OK (32, 2048) True" in out
+
+
+def test_workers_survive_a_sigterm_to_the_process_group(tmp_path):
+    out = _assert_clean_run(_run_script(tmp_path, GROUP_SIGTERM_SCRIPT, own_group=True))
+    assert "parent got SIGTERM" in out and "60 batches after the signal" in out
 
 
 def test_workers_leave_an_absl_apps_flags_alone(tmp_path):

@@ -172,9 +172,9 @@ def restore_or_initialize(
       initial_state: The freshly initialised state; its structure and dtypes
         are the restore target, and it is returned when there is no
         checkpoint. Arrays already laid out over the whole mesh keep their
-        sharding; any other leaf (a plain `jnp.zeros`, a numpy array, an
-        array on one device) is restored replicated over the mesh, so it
-        meets the global batches in the train step.
+        sharding; any other `jax.Array` (a plain `jnp.zeros`, an array on
+        one device) is restored replicated over the mesh, so it meets the
+        global batches in the train step. numpy leaves stay numpy.
       step: The step to restore; default the latest.
       start_data_fresh: Restore the model only and start the data stream from
         its beginning. Needed for a model-only checkpoint (otherwise refused,
@@ -230,8 +230,8 @@ def _iterator_mesh(iterator: Any, mesh: Mesh | None) -> Mesh | None:
 def restore_target(state: Any, mesh: Mesh | None) -> Any:
     """The abstract restore target of `state`: its shapes, dtypes and shardings.
 
-    orbax restores each array with the sharding of its target. A leaf that
-    is not laid out over the mesh would come back committed to one device
+    orbax restores each array with the sharding of its target. A `jax.Array`
+    that is not laid out over the mesh would come back committed to one device
     (the one it was saved from, or the first), and the first train step
     would then mix it with batches sharded over all devices: "incompatible
     devices". Such leaves are restored replicated over the mesh instead.
@@ -242,10 +242,10 @@ def restore_target(state: Any, mesh: Mesh | None) -> Any:
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def leaf_target(leaf: Any) -> Any:
-        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-            return leaf
-        sharding = getattr(leaf, "sharding", None)
-        if sharding is None or sharding.device_set != mesh_devices:
+        if not isinstance(leaf, jax.Array):
+            return leaf  # numpy and Python values come back as they are
+        sharding = leaf.sharding
+        if sharding.device_set != mesh_devices:
             sharding = replicated
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 

@@ -29,7 +29,6 @@ import portpicker
 from absl import app, flags, logging
 from etils import epath
 from jax.sharding import NamedSharding, PartitionSpec
-from ml_collections import config_flags
 
 from trainer_hooks.batch_log import BatchLog, batch_fingerprint
 from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
@@ -38,10 +37,12 @@ from trainer_hooks.data_metrics import DataMetricsHook
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
 from trainer_hooks.progress import ProgressHook
 from trainer_hooks.writers import WRITER_KINDS, make_writer
-from xlstm_data import DataConfigError, create_mesh, iterators_from_config
-from xlstm_data.cli import missing_override_key
+from xlstm_data import DataCheckpointError, DataConfigError, create_mesh, iterators_from_config
+from xlstm_data.config_overrides import define_config_file, override_error
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs/*.py file).")
+_CONFIG = define_config_file(
+    "Run config (a configs/*.py file); override keys with --config.KEY=VALUE."
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and batch log go here.")
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
@@ -321,7 +322,12 @@ def main(argv: list[str]) -> None:
     if not _VERBOSE.value:
         logging.get_absl_handler().addFilter(_OwnInfoOnly())
     _start_processes()
-    summary = train(_CONFIG.value, _WORKDIR.value)
+    try:
+        summary = train(_CONFIG.value, _WORKDIR.value)
+    except (DataConfigError, DataCheckpointError) as error:
+        # A user's error: its message names the key and what is valid; no traceback.
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
     if jax.process_index() == 0:
         if summary["preempted"]:
             print(f"pre-empted: step {summary['final_step']} is saved; rerun to resume")
@@ -336,16 +342,11 @@ def main(argv: list[str]) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with a one-line error for an override of a missing key.
-
-    config_flags raises a bare AttributeError/KeyError (a traceback) for
-    `--config.no.such.key=1`; the keys that exist there are more useful.
-    """
+    """absl's flag parsing; a bad `--config` override is one line, not a traceback."""
     try:
         return flags.FLAGS(argv)
     except (KeyError, AttributeError) as error:
-        message = missing_override_key(argv[1:]) or f"--config: {error}"
-        print(f"FATAL Flags parsing error: {message}", file=sys.stderr)
+        print(f"FATAL Flags parsing error: {override_error(error)}", file=sys.stderr)
         sys.exit(2)
 
 

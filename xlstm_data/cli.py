@@ -20,15 +20,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import flags
-from ml_collections import config_flags
 
+from xlstm_data.config_overrides import define_config_file, override_error
 from xlstm_data.errors import DataConfigError, DataReadError
 
 PROG = "xlstm-data"
@@ -70,10 +69,15 @@ class Command:
 def define_config_flag(
     fv: flags.FlagValues, argv: Sequence[str], help_string: str
 ) -> flags.FlagHolder:
-    """`--config=FILE` with `--config.key=value` overrides (ml_collections config_flags)."""
-    return config_flags.DEFINE_config_file(
-        "config", None, help_string, flag_values=fv, sys_argv=[PROG, *argv]
-    )
+    """`--config=FILE` with `--config.key=value` overrides (see `config_overrides`)."""
+    return define_config_file(help_string, flag_values=fv, sys_argv=[PROG, *argv])
+
+
+def run_config(fv: flags.FlagValues) -> Any:
+    """The parsed `--config`, completed with defaults; unknown keys are refused by name."""
+    from trainer_hooks.config import with_defaults
+
+    return with_defaults(fv.config)
 
 
 def format_help(command: Command, fv: flags.FlagValues, prog: str) -> str:
@@ -111,7 +115,7 @@ def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagV
     except flags.Error as error:
         raise UsageError(str(error)) from None
     except (KeyError, AttributeError) as error:  # config_flags: a missing key or get_config
-        raise UsageError(missing_override_key(argv) or f"--config: {error}") from None
+        raise UsageError(override_error(error)) from None
     return fv, positional
 
 
@@ -151,37 +155,6 @@ def _check_config_file(argv: Sequence[str]) -> None:
     path = _flag_value(argv, "config")
     if path is not None and not os.path.isfile(path.split(":", 1)[0]):
         raise UsageError(f"--config={path!r} is not a file; pass a config .py with get_config()")
-
-
-def missing_override_key(argv: Sequence[str]) -> str | None:
-    """Names the first `--config.a.b=v` whose key is not in the config, with the keys there."""
-    path = _flag_value(argv, "config")
-    if path is None:
-        return None
-    bare = [f"--config={path}"]  # the config without overrides, loaded the same way
-    fv = flags.FlagValues()
-    define_config_flag(fv, bare, "")
-    try:
-        fv([PROG, *bare])
-        config = fv.config
-    except AttributeError:
-        return f"--config={path!r} has no get_config() function"
-    for arg in argv:
-        match = re.match(r"^--(?:no)?config\.([^=]+)", arg)
-        if not match:
-            continue
-        section: Any = config
-        parts = match.group(1).split(".")
-        for depth, part in enumerate(parts):
-            keys = list(section.keys()) if hasattr(section, "keys") else []
-            if part not in keys:
-                where = "the config" if depth == 0 else f"config.{'.'.join(parts[:depth])}"
-                return (
-                    f"--config.{match.group(1)}: {part!r} is not in {where}; "
-                    f"keys there: {sorted(keys)}"
-                )
-            section = section[part]
-    return None
 
 
 # ----------------------------------------------------------------------------
@@ -308,11 +281,12 @@ def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
     if fv.config is None:
         raise UsageError("--config is required: a config .py file with get_config()")
     # A CPU-only machine plans the mesh on as many CPU devices as its fixed axes need.
-    devices = fv.cpu_devices or smallest_device_count(fv.config)
+    config = run_config(fv)
+    devices = fv.cpu_devices or smallest_device_count(config)
     with contextlib.suppress(RuntimeError):  # JAX already started: keep its devices
         jax.config.update("jax_num_cpu_devices", devices)
     inspect_config(
-        fv.config,
+        config,
         name=fv["config"].config_filename,
         png=fv.png,
         plot_steps=fv.steps,

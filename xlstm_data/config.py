@@ -50,7 +50,9 @@ SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
     },
 }
 
-#: Keys of the data section and their defaults (None: unset).
+#: Keys of the data section and their defaults (None: unset). packing, worker_count and
+#: eod_token_id differ from the reference factories' defaults (False, 1, 0); see
+#: `iterators_from_config` for why.
 DATA_DEFAULTS: dict[str, Any] = {
     "train": None,
     "eval": None,

@@ -143,7 +143,8 @@ def inspect_config(
     data = validate_data_config(config)
     mesh_dims = _mesh_axis_dims(config)
     mesh = create_mesh(mesh_dims)
-    train, evals = iterators_from_config(config, mesh)
+    batch_axes = config.get("mesh", {}).get("batch_axis_names")
+    train, evals = iterators_from_config(config, mesh, batch_axis_names=batch_axes)
     layout = train.layout
     weights = data.weights
     plan: dict[str, Any] = {"config": config_path, "sources": [], "stages": []}

@@ -103,9 +103,9 @@ def _format_of(path: str, input_format: str) -> str:
     """
     if input_format != "auto":
         return input_format
-    if path.endswith(".jsonl"):
+    if path.lower().endswith(".jsonl"):
         return "jsonl"
-    if path.endswith(_TOKEN_SUFFIXES):
+    if path.lower().endswith(_TOKEN_SUFFIXES):
         return "tokens"
     if path.lower().endswith(".json"):
         raise DataConfigError(

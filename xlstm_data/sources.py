@@ -622,7 +622,7 @@ class TextFileSource(TokenSource):
         self._fields: list[str | None] = [
             jsonl_field
             if jsonl_field is not None
-            else ("text" if f.endswith(".jsonl") and not json_as_text else None)
+            else ("text" if f.lower().endswith(".jsonl") and not json_as_text else None)
             for f in self._files
         ]
         if unit == "file":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -73,6 +74,9 @@ def allow_grain_flag_reads() -> None:
 class ExitWithParent:
     """grain `worker_init_fn` that ends the worker as soon as its parent is gone.
 
+    It also makes the worker ignore SIGTERM and SIGINT, which a scheduler sends
+    to every process of a job: the parent handles the pre-emption and saves.
+
     grain's workers stop only when their parent asks them to, so a parent
     killed with SIGKILL (pre-emption, OOM killer) left them running for
     minutes, each holding its pipeline's memory, and with them the
@@ -103,6 +107,15 @@ class ExitWithParent:
 
     def __call__(self, worker_index: int, worker_count: int) -> None:
         del worker_index, worker_count
+        # A scheduler's pre-emption notice goes to the whole process group (SLURM,
+        # `kill -TERM -PGID`): workers must outlive it so the parent can read its
+        # batches up to the agreed step and save it. grain stops its workers
+        # without signals; this thread ends them if the parent is gone.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(signum, signal.SIG_IGN)
+            except ValueError:  # not the worker's main thread
+                logging.warning("grain worker %d keeps the default %s handler", os.getpid(), signum)
         threading.Thread(
             target=_exit_when_parent_changes,
             args=(self.parent_pid, self.interval_s),

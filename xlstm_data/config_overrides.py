@@ -1,0 +1,96 @@
+"""`--config=FILE` with `--config.KEY=VALUE` overrides of any documented key.
+
+Every command line that takes a run config (`trainer_hooks.train`,
+`xlstm-data inspect`, `xlstm-data bench --config`) defines it here, so the
+override syntax and what it accepts are the same everywhere:
+
+* any key can be overridden, also one the file leaves out (a source option
+  such as `--config.data.train.web.vocab_size=300`): `ml_collections` only
+  overrides existing keys unless told to accept new ones. Typos are still
+  refused, by name, when the config is validated (`validate_data_config` for
+  `data`, `trainer_hooks.config.with_defaults` for the rest), before any data
+  is read;
+* an override under a section the config does not have
+  (`--config.chekpoint.every_steps=2`) is refused while parsing;
+  `override_error` turns what `ml_collections` raises into one line;
+* `None` resets a typed key to unset (`--config.data.eod_token_id=None`,
+  `--config.checkpoint.max_to_keep=None`), which the integer and float
+  parsers of `config_flags` refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from absl import flags
+from ml_collections import config_flags
+
+_NONE_SPELLINGS = ("None", "none", "null")
+
+
+class _NullableParser(flags.ArgumentParser):
+    """absl's parser for a type, plus `None` for an unset value."""
+
+    def __init__(self, parser: flags.ArgumentParser):
+        super().__init__()
+        self._parser = parser
+
+    def parse(self, argument: Any) -> Any:
+        if argument is None or (isinstance(argument, str) and argument in _NONE_SPELLINGS):
+            return None
+        return self._parser.parse(argument)
+
+    def flag_type(self) -> str:
+        return self._parser.flag_type()
+
+
+def _accept_none_for_numbers() -> None:
+    config_flags.register_flag_parser_for_type(int, _NullableParser(flags.IntegerParser()))
+    config_flags.register_flag_parser_for_type(float, _NullableParser(flags.FloatParser()))
+
+
+def define_config_file(
+    help_string: str,
+    *,
+    flag_values: flags.FlagValues = flags.FLAGS,
+    sys_argv: Sequence[str] | None = None,
+) -> flags.FlagHolder:
+    """Defines `--config` (a .py file with `get_config()`) and its overrides.
+
+    Args:
+      help_string: The flag's help.
+      flag_values: Where to define it (absl's global `FLAGS` by default).
+      sys_argv: The full argv the overrides are read from (default sys.argv).
+
+    Returns:
+      The flag holder; `.value` is the loaded, overridden `ConfigDict`.
+    """
+    _accept_none_for_numbers()
+    return config_flags.DEFINE_config_file(
+        "config",
+        None,
+        help_string,
+        flag_values=flag_values,
+        lock_config=False,
+        accept_new_attributes=True,
+        sys_argv=None if sys_argv is None else list(sys_argv),
+    )
+
+
+def override_error(error: BaseException) -> str:
+    """One line for what parsing `--config` overrides raised (a KeyError or AttributeError).
+
+    `ml_collections` raises them for an override under a section the config
+    does not have (a quoted key, then a "Did you mean" hint) and for a config
+    file without `get_config()`.
+    """
+    text = str(error.args[0] if error.args else error).replace("\\n", "\n")
+    if "get_config" in text:
+        return f"--config: the file has no get_config() function ({text})"
+    key, *hints = [line.strip(" '\"") for line in text.split("\n") if line.strip(" '\"")]
+    hint = f"; {' '.join(hints)}" if hints else ""
+    return (
+        f"--config: the config has no section {key!r}{hint} (an override may add a key to a "
+        "section, not a new section)"
+    )
