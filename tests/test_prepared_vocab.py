@@ -99,9 +99,12 @@ def test_a_moved_tokenizer_must_be_named(hf_corpus: Path, bpe: Path, tmp_path: P
 
 def test_index_vocab_bounds_token_arrays(token_corpus: Path) -> None:
     pattern = str(token_corpus / "*.array_record")
-    source = ArrayRecordSource(pattern, tokenizer="byte")
-    assert source.vocab_size == 400 and source.tokenizer.eod_id == 1
+    source = ArrayRecordSource(pattern)
+    # Ids beyond the byte tokenizer's: not its tokens, so no end-of-document id is forced.
+    assert source.vocab_size == 400 and source.tokenizer is None
     assert source[9]["tokens"].tolist() == list(range(326, 340))
+    with pytest.raises(DataConfigError, match=r"258 ids, fewer than the shards' vocab_size 400"):
+        ArrayRecordSource(pattern, tokenizer="byte")
     # An index whose vocabulary is smaller than the ids: the read names the record.
     index = json.loads((token_corpus / "index.json").read_text())
     index["vocab_size"] = 300

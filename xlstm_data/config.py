@@ -134,7 +134,11 @@ class SourceConfig:
         o = dict(self.options)
         if self.kind == "array_record":
             return sources.ArrayRecordSource(
-                o["path"], o["record_format"], tokenizer=o["tokenizer"], vocab_size=o["vocab_size"]
+                o["path"],
+                o["record_format"],
+                tokenizer=o["tokenizer"],
+                vocab_size=o["vocab_size"],
+                unprepared_tokenizer="byte",  # unprepared ids stay checked, as documented
             )
         if self.kind == "text":
             return sources.TextFileSource(o["path"], tokenizer=o["tokenizer"], unit=o["unit"])

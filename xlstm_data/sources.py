@@ -286,6 +286,8 @@ class ArrayRecordSource(TokenSource):
         record_format: str = "tokens",
         tokenizer: TokenizerSpec = None,
         vocab_size: int | None = None,
+        *,
+        unprepared_tokenizer: TokenizerSpec = None,
     ) -> None:
         """Opens the files, counts their records and decodes the first record.
 
@@ -300,6 +302,10 @@ class ArrayRecordSource(TokenSource):
           vocab_size: Exclusive bound checked for every token id. Defaults to
             the prepared index's vocab_size, else the tokenizer's; unchecked
             for "tokens" with none of them.
+          unprepared_tokenizer: For "tokens" shards without a prepare index
+            when neither `tokenizer` nor `vocab_size` is given: the tokenizer
+            their ids are taken to come from (the config path passes "byte",
+            so such ids are still checked).
 
         Raises:
           DataConfigError: On a bad argument, a pattern matching no file, a file
@@ -343,6 +349,8 @@ class ArrayRecordSource(TokenSource):
             self._prepared = prepared_corpus(self._files, lengths)
             if self._prepared is not None:
                 self._tokenizer = self._prepared_tokenizer(self._prepared, tokenizer)
+            elif tokenizer is None and explicit_vocab is None and unprepared_tokenizer:
+                self._tokenizer = get_tokenizer(unprepared_tokenizer)
         elif self._tokenizer is None:
             self._tokenizer = get_tokenizer(None)
         vocab = explicit_vocab
@@ -365,8 +373,15 @@ class ArrayRecordSource(TokenSource):
             vocab,
         )
 
-    def _prepared_tokenizer(self, prepared: PreparedCorpus, tokenizer: TokenizerSpec) -> Tokenizer:
+    def _prepared_tokenizer(
+        self, prepared: PreparedCorpus, tokenizer: TokenizerSpec
+    ) -> Tokenizer | None:
         """The tokenizer of prepared shards: the index's, or `tokenizer` if it is the same.
+
+        Token arrays prepared with a `vocab_size` beyond the recorded
+        tokenizer's hold ids that tokenizer did not make (another tokenizer's,
+        e.g. GPT-2's): they have no tokenizer unless one is named that covers
+        their vocabulary, so its end-of-document id is not forced on them.
 
         Raises:
           DataConfigError: If `tokenizer` differs from the one the shards were
@@ -374,6 +389,19 @@ class ArrayRecordSource(TokenSource):
             index's tokenizer file is not on this machine.
         """
         index_file = prepared.index_files[0]
+        if prepared.vocab_size > prepared.tokenizer_vocab_size:
+            if tokenizer is None:
+                return None
+            named = self._tokenizer
+            assert named is not None
+            if int(named.vocab_size) < prepared.vocab_size:
+                raise DataConfigError(
+                    f"ArrayRecordSource: tokenizer={_spec_repr(tokenizer)} has "
+                    f"{named.vocab_size} ids, fewer than the shards' vocab_size "
+                    f"{prepared.vocab_size} (recorded in {index_file}); name the tokenizer "
+                    "that made the ids, or None"
+                )
+            return named
         made_with = (
             f"tokenizer={prepared.tokenizer!r} (vocab_size {prepared.tokenizer_vocab_size}, "
             f"eod_id {prepared.eod_id}, recorded in {index_file})"
