@@ -90,9 +90,9 @@ def test_an_unknown_override_is_refused_by_name(tmp_path):
     error = train(tmp_path, REPO / "configs" / "demo.py", "--config.num_train_step=2", expect=1)
     assert "config key num_train_step is unknown; valid keys here:" in error
     error = train(
-        tmp_path, REPO / "configs" / "demo.py", "--config.chekpoint.every_steps=2", expect=1
+        tmp_path, REPO / "configs" / "demo.py", "--config.chekpoint.every_steps=2", expect=2
     )
-    assert "config key chekpoint is unknown; valid keys here:" in error
+    assert "no section 'chekpoint'" in error and 'Did you mean "checkpoint"' in error
     error = train(
         tmp_path, REPO / "configs" / "demo.py", "--config.data.train.code.prat=code", expect=1
     )
