@@ -5,9 +5,16 @@ command line run in-process (`xlstm-data inspect` sets the CPU device count
 when JAX has not started yet) cannot change the devices of later tests.
 absl flags are left unparsed, as in a user's plain script: the library must
 not need them (grain's worker processes read one).
+The lengths cache (`xlstm_data.lengths_cache`) goes to a fresh temporary
+directory unless one is set, so tests never write to ~/.cache.
 """
 
-import jax
+import os
+import tempfile
+
+os.environ.setdefault("XLSTM_DATA_CACHE_DIR", tempfile.mkdtemp(prefix="xlstm-data-test-cache-"))
+
+import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4

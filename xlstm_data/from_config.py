@@ -182,7 +182,7 @@ def _set_epoch_length(
     with a `lengths()` method (synthetic, prepared shards) provide; otherwise
     the length stays unknown and the iterator runs to the data's real end.
     """
-    lengths = source.lengths() if hasattr(source, "lengths") else None
+    lengths = source.lengths() if getattr(source, "has_lengths", lambda: False)() else None
     if lengths is None:
         return
     length = epoch_length(

@@ -60,7 +60,7 @@ def smallest_device_count(config: Any) -> int:
 def _source_counts(source: Any) -> tuple[int, int, bool]:
     """(documents, tokens, exact) of a source; tokens estimated on a sample if large."""
     documents = len(source)
-    lengths = source.lengths() if hasattr(source, "lengths") else None
+    lengths = source.lengths() if getattr(source, "has_lengths", lambda: False)() else None
     if lengths is not None:
         return documents, int(np.sum(lengths)), True
     if documents <= FULL_COUNT_LIMIT:

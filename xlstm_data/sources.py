@@ -12,6 +12,15 @@ record) at construction, keep only picklable state, and open file handles
 lazily in the process that reads. Corrupt or mismatched data raises
 `DataReadError` naming the file and record, so a bad shard can be found without
 reading our code.
+
+Every source also reports every document's token count through `lengths()`
+without the pipeline reading documents: a global data plan (and an exact epoch
+length) is fixed before training starts. Synthetic lengths are drawn from the
+seed, prepared shards carry `lengths.npy`, in-memory documents are counted
+once, and text/JSONL files are tokenized once per machine with the counts kept
+in the on-disk cache of `xlstm_data.lengths_cache`. ArrayRecord files that
+`xlstm-data prepare` did not write have no lengths: `lengths()` raises naming
+the command, and `has_lengths()` lets a caller ask first.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import functools
 import glob
 import json
 import math
+import mmap
 import numbers
 import operator
 import os
@@ -35,8 +45,9 @@ import grain
 import numpy as np
 from absl import logging
 
+from xlstm_data import lengths_cache
 from xlstm_data.checks import check_int
-from xlstm_data.corpus_index import PreparedCorpus, prepared_corpus
+from xlstm_data.corpus_index import INDEX_FILE, PreparedCorpus, prepared_corpus
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.tokenizers import Tokenizer, get_tokenizer
 
@@ -90,6 +101,31 @@ class TokenSource(abc.ABC):
     @abc.abstractmethod
     def _read(self, index: int) -> np.ndarray:
         """Returns the int32 tokens of document `index` (already in range)."""
+
+    def lengths(self) -> np.ndarray:
+        """Every document's token count, without the pipeline reading the documents.
+
+        Returns:
+          A 1-D int64 array with `len(self)` entries; entry i equals
+          `len(self[i]["tokens"])`. It may be read-only and shared: copy it
+          before changing it.
+
+        Raises:
+          DataConfigError: If this source cannot know its lengths (see
+            `has_lengths`).
+        """
+        raise DataConfigError(
+            f"{type(self).__name__} does not report its document lengths; implement "
+            "lengths() returning one int64 token count per document."
+        )
+
+    def has_lengths(self) -> bool:
+        """Whether `lengths()` answers rather than raising DataConfigError.
+
+        It may still take a while (a text source tokenizes its files once per
+        machine) and raise DataReadError on bad data.
+        """
+        return type(self).lengths is not TokenSource.lengths
 
     def __getitem__(self, index: SupportsIndex) -> Document:
         """Reads one document.
@@ -227,7 +263,7 @@ def _checked_int32(
                 f"for vocab_size={vocab_size}; the data was tokenized with a different "
                 "vocabulary, or vocab_size/tokenizer is wrong"
             )
-        raise DataReadError(f"{where if isinstance(where, str) else where()}: {detail}.")
+        raise DataReadError(f"{_where_text(where)}: {detail}.")
     return np.array(values, dtype=np.int32, copy=True)
 
 
@@ -248,14 +284,19 @@ def _spec_repr(spec: TokenizerSpec) -> str:
     return type(spec).__name__
 
 
-def _decode_utf8(raw: bytes, where: str) -> str:
+def _where_text(where: str | Callable[[], str]) -> str:
+    """The record named by `where` (or by calling it: hot paths format no string)."""
+    return where if isinstance(where, str) else where()
+
+
+def _decode_utf8(raw: bytes, where: str | Callable[[], str]) -> str:
     """Decodes UTF-8 strictly, raising DataReadError naming `where`."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataReadError(
-            f"{where}: is not valid UTF-8 text (byte {e.start}: {e.reason}); the record may be "
-            "token ids (record_format='tokens') or the file may use another encoding."
+            f"{_where_text(where)}: is not valid UTF-8 text (byte {e.start}: {e.reason}); the "
+            "record may be token ids (record_format='tokens') or the file may use another encoding."
         ) from e
 
 
@@ -445,14 +486,61 @@ class ArrayRecordSource(TokenSource):
     def __len__(self) -> int:
         return self._num_records
 
-    def lengths(self) -> np.ndarray | None:
-        """Every document's token count from the `xlstm-data prepare` index, without
-        reading the records; None when the files are not a prepared, token-format corpus.
+    def has_lengths(self) -> bool:
+        """Whether every file read is a token shard listed in an `xlstm-data prepare` index."""
+        return self._prepared is not None and self._prepared.slices is not None
+
+    def lengths(self) -> np.ndarray:
+        """Every document's token count from the `xlstm-data prepare` index.
+
+        Read from the `lengths.npy` beside the shards, without reading any
+        record.
+
+        Returns:
+          A 1-D int64 array with one entry per record, in source order.
 
         Raises:
+          DataConfigError: If the files are not all token shards written by
+            `xlstm-data prepare` (text records, or a directory without
+            `index.json`); the message names the files and the command.
           DataReadError: If `lengths.npy` disagrees with `index.json`.
         """
-        return None if self._prepared is None else self._prepared.lengths()
+        if not self.has_lengths():
+            raise DataConfigError(self._no_lengths_message())
+        assert self._prepared is not None
+        lengths = self._prepared.lengths()
+        assert lengths is not None
+        return lengths
+
+    def _no_lengths_message(self) -> str:
+        """Why `lengths()` cannot answer, naming the files and the prepare command."""
+        files = self._files_text()
+        command = (
+            "`xlstm-data prepare INPUT... --output=DIR` (INPUT: the raw text, JSONL or "
+            ".npy/.npz token files the records came from; it writes token shards with "
+            f"{INDEX_FILE} and lengths.npy), then read path='DIR/*.array_record'"
+        )
+        if self._record_format == "text":
+            return (
+                f"ArrayRecordSource({files}): the document lengths of record_format='text' "
+                "records are not known without tokenizing every record; write token shards "
+                f"with {command}."
+            )
+        directories = sorted({os.path.dirname(os.path.abspath(path)) for path in self._files})
+        unprepared = [
+            d for d in directories if not os.path.exists(os.path.join(d, INDEX_FILE))
+        ] or directories
+        return (
+            f"ArrayRecordSource({files}): the document lengths are not known: there is no "
+            f"{INDEX_FILE} with lengths.npy in {', '.join(map(repr, unprepared))} (the files "
+            f"were not written by `xlstm-data prepare`); write token shards with {command}."
+        )
+
+    def _files_text(self) -> str:
+        """The files read, as messages and repr show them."""
+        if len(self._files) == 1:
+            return repr(self._files[0])
+        return f"{len(self._files)} files {self._files[0]!r}..{self._files[-1]!r}"
 
     def locate(self, index: int) -> tuple[str, int]:
         """Maps a global record index to (file path, record index in that file).
@@ -501,13 +589,8 @@ class ArrayRecordSource(TokenSource):
         return _checked_int32(values, self.vocab_size, where)
 
     def __repr__(self) -> str:
-        files = (
-            repr(self._files[0])
-            if len(self._files) == 1
-            else f"{len(self._files)} files {self._files[0]!r}..{self._files[-1]!r}"
-        )
         return (
-            f"ArrayRecordSource({files}, records={self._num_records}, "
+            f"ArrayRecordSource({self._files_text()}, records={self._num_records}, "
             f"record_format={self._record_format!r}, vocab_size={self.vocab_size})"
         )
 
@@ -597,6 +680,12 @@ class TextFileSource(TokenSource):
     or `json_as_text` says to tokenize its characters: such files are usually
     JSON lines under another suffix, and reading them as text would train on
     their braces, keys and escapes without any error.
+
+    `lengths()` tokenizes every document once (on first call, not at
+    construction) and keeps the counts on the instance and in the on-disk
+    cache of `xlstm_data.lengths_cache`, keyed by the files' paths, sizes and
+    mtimes (as found at construction) and the tokenization, so later sources
+    on the same unchanged files read them back.
     """
 
     def __init__(
@@ -661,9 +750,12 @@ class TextFileSource(TokenSource):
                     "file holds one document per line); use unit='line'."
                 )
         file_ids, offsets, lengths, line_numbers = array("i"), array("q"), array("q"), array("q")
+        # The files as indexed: the lengths cache key, and what a later scan checks.
+        self._signatures: list[list[Any]] = []
         for fi, path in enumerate(self._files):
             if unit == "file":
-                size = os.path.getsize(path)
+                self._signatures.append(lengths_cache.file_signature(path))
+                size = self._signatures[-1][1]
                 if size:
                     file_ids.append(fi)
                     offsets.append(0)
@@ -672,6 +764,10 @@ class TextFileSource(TokenSource):
                 continue
             offset = 0
             with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                self._signatures.append(
+                    [os.path.abspath(path), int(stat.st_size), int(stat.st_mtime_ns)]
+                )
                 for line_number, line in enumerate(f, 1):
                     content = line.rstrip(b"\r\n")
                     if content.strip():
@@ -689,6 +785,7 @@ class TextFileSource(TokenSource):
                 f"TextFileSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
                 f"they contain no documents (unit={unit!r}: all lines/files are blank)."
             )
+        self._token_lengths: np.ndarray | None = None
         self._init_handles()
         logging.info(
             "TextFileSource: %d documents (unit=%s) in %d files (%s ... %s).",
@@ -723,30 +820,108 @@ class TextFileSource(TokenSource):
                     self._fds[file_idx] = fd
         return fd
 
+    def _where(self, index: int) -> str:
+        """Names document `index` (its file, and line) for error messages."""
+        path = self._files[int(self._file_ids[index])]
+        if self._unit == "file":
+            return f"TextFileSource: file {path!r} (document {index})"
+        return (
+            f"TextFileSource: line {int(self._line_numbers[index])} of file {path!r} "
+            f"(document {index})"
+        )
+
     def _read(self, index: int) -> np.ndarray:
         file_idx = int(self._file_ids[index])
         offset, length = int(self._offsets[index]), int(self._lengths[index])
-        path = self._files[file_idx]
         if self._unit == "file":
-            where = f"TextFileSource: file {path!r} (document {index})"
-            with open(path, "rb") as f:
+            with open(self._files[file_idx], "rb") as f:
                 raw = f.read()
         else:
-            where = (
-                f"TextFileSource: line {int(self._line_numbers[index])} of file {path!r} "
-                f"(document {index})"
-            )
             raw = os.pread(self._fd(file_idx), length, offset)
+        return self._tokens(raw, index)
+
+    def _tokens(self, raw: bytes, index: int) -> np.ndarray:
+        """Decodes and tokenizes the bytes of document `index`: reads and `lengths()` share it.
+
+        Raises:
+          DataReadError: If `raw` is not the document's length (the file
+            changed), not UTF-8, not the expected JSON, or holds ids outside
+            the vocabulary.
+        """
+        where = functools.partial(self._where, index)
+        length = int(self._lengths[index])
         if len(raw) != length:
             raise DataReadError(
-                f"{where}: expected {length} bytes at offset {offset} but read {len(raw)}; the "
-                "file changed after the source was built. Rebuild the source."
+                f"{where()}: expected {length} bytes at offset {int(self._offsets[index])} but "
+                f"read {len(raw)}; the file changed after the source was built. Rebuild the "
+                "source."
             )
         text = _decode_utf8(raw, where)
-        field = self._fields[file_idx]
+        field = self._fields[int(self._file_ids[index])]
         if field is not None:
             text = _jsonl_text(text, field, where)
         return _checked_int32(self._tokenizer.encode(text), self.vocab_size, where)
+
+    def lengths(self) -> np.ndarray:
+        """Every document's token count: its tokens as read, counted once per machine.
+
+        The first call on a machine tokenizes every document (one sequential
+        pass per file); the counts are kept on this instance and in the
+        lengths cache (`xlstm_data.lengths_cache`), so later calls and later
+        sources on the same unchanged files with the same tokenization do not
+        rescan. A custom tokenizer object (not "byte" or a HuggingFace file)
+        has no identity to key the cache with: its counts stay in memory.
+
+        Returns:
+          A read-only 1-D int64 array; entry i equals `len(self[i]["tokens"])`.
+
+        Raises:
+          DataReadError: If a file changed since the source was built, or a
+            document cannot be decoded or tokenized (naming file and line).
+        """
+        if self._token_lengths is None:
+            self._token_lengths = lengths_cache.cached_lengths(
+                self._lengths_cache_parts(), len(self), self._scan_lengths, repr(self)
+            )
+        return self._token_lengths
+
+    def _lengths_cache_parts(self) -> dict[str, Any] | None:
+        """What the token counts depend on, or None when the tokenizer cannot be identified."""
+        tokenizer = lengths_cache.tokenizer_identity(self._tokenizer)
+        if tokenizer is None:
+            return None
+        return {
+            "source": "TextFileSource",
+            "files": self._signatures,
+            "tokenizer": tokenizer,
+            "vocab_size": self.vocab_size,
+            "unit": self._unit,
+            "jsonl_fields": self._fields,
+            "documents": len(self),
+        }
+
+    def _scan_lengths(self) -> np.ndarray:
+        """Tokenizes every document, file by file, and returns the counts."""
+        out = np.zeros(len(self), np.int64)
+        starts = np.searchsorted(self._file_ids, np.arange(len(self._files) + 1))
+        for file_idx, path in enumerate(self._files):
+            first, end = int(starts[file_idx]), int(starts[file_idx + 1])
+            if first == end:
+                continue
+            with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if [int(stat.st_size), int(stat.st_mtime_ns)] != self._signatures[file_idx][1:]:
+                    raise DataReadError(
+                        f"TextFileSource: file {path!r} changed after the source was built "
+                        f"(size/mtime {self._signatures[file_idx][1:]} then, "
+                        f"{[int(stat.st_size), int(stat.st_mtime_ns)]} now); rebuild the source."
+                    )
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                    for index in range(first, end):
+                        offset = int(self._offsets[index])
+                        raw = data[offset : offset + int(self._lengths[index])]
+                        out[index] = len(self._tokens(raw, index))
+        return out
 
     def close(self) -> None:
         """Closes the file descriptors opened by this process."""
@@ -762,9 +937,15 @@ class TextFileSource(TokenSource):
                 self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Drops the open file descriptors and lock; they are per process."""
+        """Drops the open file descriptors and lock (per process) and the token counts.
+
+        The counts (8 bytes a document) would be copied into every grain
+        worker, which never needs them; `lengths()` reads them back from the
+        cache if asked.
+        """
         state = self.__dict__.copy()
         del state["_fds"], state["_lock"]
+        state["_token_lengths"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -785,29 +966,30 @@ class TextFileSource(TokenSource):
         )
 
 
-def _jsonl_text(line: str, field: str, where: str) -> str:
+def _jsonl_text(line: str, field: str, where: str | Callable[[], str]) -> str:
     """Extracts `field` from one JSONL line, raising DataReadError naming `where`."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise DataReadError(
-            f"{where}: is not valid JSON ({e.msg} at column {e.colno}); each line of a JSONL "
-            "file must be one JSON object."
+            f"{_where_text(where)}: is not valid JSON ({e.msg} at column {e.colno}); each line "
+            "of a JSONL file must be one JSON object."
         ) from e
     if not isinstance(obj, Mapping):
         raise DataReadError(
-            f"{where}: is a JSON {type(obj).__name__}, not an object with a {field!r} key."
+            f"{_where_text(where)}: is a JSON {type(obj).__name__}, not an object with a "
+            f"{field!r} key."
         )
     if field not in obj:
         keys = sorted(obj)[:10]
         raise DataReadError(
-            f"{where}: JSON object has no {field!r} key (keys: {keys}); set jsonl_field to the "
-            "key holding the document text."
+            f"{_where_text(where)}: JSON object has no {field!r} key (keys: {keys}); set "
+            "jsonl_field to the key holding the document text."
         )
     value = obj[field]
     if not isinstance(value, str):
         raise DataReadError(
-            f"{where}: JSON field {field!r} is a {type(value).__name__}, not a string."
+            f"{_where_text(where)}: JSON field {field!r} is a {type(value).__name__}, not a string."
         )
     return value
 
@@ -822,7 +1004,8 @@ class InMemorySource(TokenSource):
 
     Elements may be dicts with a "tokens" key, 1-D integer arrays or lists, or
     str (tokenized on read). The sequence is referenced, not copied; each read
-    returns a fresh int32 copy.
+    returns a fresh int32 copy. `lengths()` reads every document once and keeps
+    the counts, so the sequence must not change after that.
     """
 
     def __init__(
@@ -868,10 +1051,33 @@ class InMemorySource(TokenSource):
         if vocab is None and self._tokenizer is not None:
             vocab = int(self._tokenizer.vocab_size)
         self.vocab_size = vocab
+        self._token_lengths: np.ndarray | None = None
         self._read(0)  # Validates the element type before any pipeline runs.
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def lengths(self) -> np.ndarray:
+        """Every document's token count, computed once by reading each document.
+
+        Returns:
+          A read-only 1-D int64 array; entry i equals `len(self[i]["tokens"])`.
+
+        Raises:
+          DataConfigError: If a document has an unsupported type.
+          DataReadError: If a document holds ids outside the vocabulary.
+        """
+        if self._token_lengths is None:
+            data = self._data
+            if isinstance(data, np.ndarray) and data.ndim == 2:
+                lengths = np.full(len(data), data.shape[1], np.int64)
+            else:
+                lengths = np.fromiter(
+                    (len(self._read(i)) for i in range(len(data))), np.int64, len(data)
+                )
+            lengths.flags.writeable = False
+            self._token_lengths = lengths
+        return self._token_lengths
 
     def _read(self, index: int) -> np.ndarray:
         element = self._data[index]
