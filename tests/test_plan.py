@@ -1,0 +1,350 @@
+"""The data plan as a pure function, over many host counts, packings and stage layouts.
+
+No processes and no documents: the plan is computed from lengths alone, so
+every property is checked on the plan itself (MosaicML streaming checks its
+partition the same way, for node counts 1..120).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from xlstm_data.errors import DataConfigError
+from xlstm_data.plan.mixture import parse_mixture_schedule
+from xlstm_data.plan.packing import MODES, packing_mode
+from xlstm_data.plan.permutation import FeistelPermutation
+from xlstm_data.plan.pieces import Pieces, example_tokens
+from xlstm_data.plan.spec import PlanSpec, auto_streams
+from xlstm_data.plan.streams import GlobalPlan, HostPlanner
+from xlstm_data.rampup import BatchSizeSchedule
+from xlstm_data.sources import SyntheticSource
+
+#: Stage layouts: (name, global batch, ramp-up, mixture schedule or None).
+LAYOUTS = {
+    "constant": (60, None, None),
+    "rampup": (64, [[0, 0.25], [3, 0.5], [7, 1]], None),
+    "stages": (48, None, [[0, {"a": 1, "b": 1}], [4, {"b": 1}], [9, {"a": 3, "b": 1}]]),
+    "rampup_and_stages": (
+        120,
+        [[0, 0.5], [5, 1]],
+        [[0, {"a": 1, "b": 0}], [3, {"a": 1, "b": 2}], [8, {"a": 0, "b": 1}]],
+    ),
+}
+
+
+def _lengths(seed: int, count: int, mean: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.maximum(0, rng.lognormal(np.log(mean), 1.0, count)).astype(np.int64)
+
+
+SOURCES = {"a": _lengths(0, 700, 40.0), "b": _lengths(1, 400, 12.0)}
+
+
+def make_plan(
+    layout: str,
+    packing: str,
+    *,
+    streams: int | None = None,
+    num_epochs: int | None = None,
+    drop_remainder: bool = True,
+    names: tuple[str, ...] = ("a", "b"),
+    shift: bool = True,
+    shift_target: bool = True,
+    block_documents: int = 48,
+    row_length: int = 32,
+) -> GlobalPlan:
+    batch_size, rampup, schedule = LAYOUTS[layout]
+    if num_epochs is not None:
+        names, schedule = ("a",), None
+    batch = BatchSizeSchedule(batch_size, rampup)
+    mixture = parse_mixture_schedule(schedule, names, {n: 1.0 for n in names})
+    spec = PlanSpec(
+        names=names,
+        mixture=mixture,
+        mixture_unit="tokens",
+        row_length=row_length,
+        packing=packing,
+        shift=shift,
+        shift_target=shift_target,
+        seed=3,
+        shuffle=True,
+        batch=batch,
+        streams=streams or auto_streams([s.global_batch_size for s in batch.stages()]),
+        block_documents=block_documents,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+    )
+    return GlobalPlan(spec, [SOURCES[n] for n in names])
+
+
+def _divisors_of_all(plan: GlobalPlan, limit: int = 64) -> list[int]:
+    sizes = [s.global_batch_size for s in plan.spec.batch.stages()]
+    return [h for h in range(1, limit + 1) if all(b % h == 0 for b in sizes)]
+
+
+def _same(a: Pieces, b: Pieces) -> None:
+    for field in ("row_offsets", "source", "document", "start", "stop"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+
+
+def test_feistel_is_a_permutation_for_many_sizes():
+    for size in [1, 2, 3, 4, 5, 7, 8, 9, 100, 1000, 4097, 65_537]:
+        values = FeistelPermutation(size, seed=size)(np.arange(size))
+        assert sorted(values.tolist()) == list(range(size)), size
+    a = FeistelPermutation(1000, seed=1)(np.arange(1000))
+    b = FeistelPermutation(1000, seed=2)(np.arange(1000))
+    assert (a != b).mean() > 0.9
+
+
+def test_feistel_answers_any_position_of_a_huge_source_without_a_table():
+    permutation = FeistelPermutation(10**8, seed=5)
+    positions = np.array([0, 1, 10**8 - 1, 12_345_678])
+    values = permutation(positions)
+    assert ((values >= 0) & (values < 10**8)).all()
+    assert len(set(values.tolist())) == 4
+    np.testing.assert_array_equal(values[2:3], permutation(positions[2:3]))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("packing", MODES)
+def test_host_slices_concatenate_to_the_global_plan(layout, packing):
+    plan = make_plan(layout, packing)
+    steps = 12
+    world = HostPlanner(plan, 0, 1)
+    expected = [world.pieces_at(step) for step in range(steps)]
+    for hosts in _divisors_of_all(plan):
+        planners = [HostPlanner(plan, h, hosts) for h in range(hosts)]
+        for step in range(steps):
+            _same(Pieces.concat([p.pieces_at(step) for p in planners]), expected[step])
+
+
+@pytest.mark.parametrize("streams", [1, 2, 4])
+def test_a_host_count_above_the_stream_count_still_concatenates(streams):
+    plan = make_plan("constant", "best_fit", streams=streams)
+    world = HostPlanner(plan, 0, 1)
+    expected = [world.pieces_at(step) for step in range(6)]
+    for hosts in (6, 10, 12, 30, 60):
+        planners = [HostPlanner(plan, h, hosts) for h in range(hosts)]
+        assert max(len(p.streams) for p in planners) <= 2
+        for step in range(6):
+            _same(Pieces.concat([p.pieces_at(step) for p in planners]), expected[step])
+
+
+def _coverage(plan: GlobalPlan, hosts: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    steps = plan.num_steps()
+    covered: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    planners = [HostPlanner(plan, h, hosts) for h in range(hosts)]
+    for step in range(steps):
+        for planner in planners:
+            pieces = planner.pieces_at(step)
+            for i in range(len(pieces.source)):
+                key = (int(pieces.source[i]), int(pieces.document[i]))
+                covered.setdefault(key, []).append((int(pieces.start[i]), int(pieces.stop[i])))
+    return covered
+
+
+@pytest.mark.parametrize("packing", MODES)
+@pytest.mark.parametrize(("shift", "shift_target"), [(True, True), (True, False), (False, True)])
+def test_an_epoch_covers_every_token_of_every_document_exactly_once(packing, shift, shift_target):
+    for layout, hosts in (("constant", 1), ("constant", 4), ("rampup", 2), ("rampup", 16)):
+        plan = make_plan(
+            layout,
+            packing,
+            num_epochs=1,
+            drop_remainder=False,
+            shift=shift,
+            shift_target=shift_target,
+        )
+        covered = _coverage(plan, hosts)
+        sizes = example_tokens(SOURCES["a"], shift, shift_target)
+        expected = {(0, d) for d in range(len(sizes)) if sizes[d] > 0}
+        assert set(covered) == expected, (layout, hosts)
+        for (_, doc), ranges in covered.items():
+            position = 0
+            for start, stop in sorted(ranges):
+                assert start == position, (layout, hosts, doc)
+                position = stop
+            assert position == sizes[doc]
+
+
+@pytest.mark.parametrize("packing", MODES)
+def test_two_epochs_cover_each_document_twice_in_different_orders(packing):
+    plan = make_plan("constant", packing, num_epochs=2, drop_remainder=False)
+    covered = _coverage(plan, 3)
+    sizes = example_tokens(SOURCES["a"], True, True)
+    for (_, doc), ranges in covered.items():
+        assert sum(b - a for a, b in ranges) == 2 * sizes[doc]
+    first = make_plan("constant", packing, num_epochs=1, drop_remainder=False)
+    order1 = [int(d) for d in HostPlanner(first, 0, 1).pieces_at(0).document]
+    second = HostPlanner(plan, 0, 1)
+    late = [int(d) for d in second.pieces_at(plan.num_steps() - 2).document]
+    assert order1 != late
+
+
+@pytest.mark.parametrize("layout", ["stages", "rampup_and_stages"])
+def test_streams_deal_each_epoch_of_a_mixture_source_exactly_once(layout):
+    """Stream v takes positions v, v + V, ... of each source; an epoch is N positions."""
+    plan = make_plan(layout, "best_fit")
+    taken: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    for stream in range(plan.streams):
+        cursor = plan.start_cursor()
+        docs: dict[int, list[int]] = {0: [], 1: []}
+        for _ in range(6):
+            pieces, cursor, _ = plan.plan_block(stream, cursor)
+            first = pieces.start == 0
+            for source, doc in zip(pieces.source[first], pieces.document[first], strict=True):
+                docs[int(source)].append(int(doc))
+        for source in (0, 1):
+            positions = stream + np.arange(cursor.taken[source]) * plan.streams
+            expected = plan.orders[source].documents(positions)
+            sizes = example_tokens(SOURCES["ab"[source]][expected], True, True)
+            assert sorted(docs[source]) == sorted(expected[sizes > 0].tolist())
+            taken[source].append(positions)
+    for source in (0, 1):
+        positions = np.concatenate(taken[source])
+        size = len(SOURCES["ab"[source]])
+        first_epoch = plan.orders[source].documents(positions[positions < size])
+        assert len(set(first_epoch.tolist())) == len(first_epoch)
+        assert len(set(positions.tolist())) == len(positions)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("packing", ["best_fit", "concat"])
+def test_resuming_from_cursors_on_another_host_count_continues_the_same_plan(layout, packing):
+    plan = make_plan(layout, packing)
+    world = HostPlanner(plan, 0, 1)
+    expected = [world.pieces_at(step) for step in range(14)]
+    host_counts = _divisors_of_all(plan, 16)
+    for saved_hosts, resumed_hosts in itertools.permutations(host_counts[:4], 2):
+        savers = [HostPlanner(plan, h, saved_hosts) for h in range(saved_hosts)]
+        for step in range(6):
+            for saver in savers:
+                saver.pieces_at(step)
+        cursors = {}
+        for saver in savers:
+            cursors.update(saver.cursors_at(6))
+        resumed = [HostPlanner(plan, h, resumed_hosts, cursors) for h in range(resumed_hosts)]
+        for step in range(6, 14):
+            _same(Pieces.concat([p.pieces_at(step) for p in resumed]), expected[step])
+
+
+def test_mixture_stages_hold_their_token_shares():
+    schedule = [[0, {"a": 1, "b": 1}], [200, {"a": 1, "b": 3}], [400, {"a": 0, "b": 1}]]
+    lengths = {"a": _lengths(5, 5000, 300.0), "b": _lengths(6, 5000, 30.0)}
+    batch = BatchSizeSchedule(16, [[0, 0.5], [100, 1]])
+    spec = PlanSpec(
+        names=("a", "b"),
+        mixture=parse_mixture_schedule(schedule, ("a", "b"), {}),
+        mixture_unit="tokens",
+        row_length=256,
+        packing="best_fit",
+        shift=True,
+        shift_target=True,
+        seed=0,
+        shuffle=True,
+        batch=batch,
+        streams=8,
+        block_documents=512,
+    )
+    plan = GlobalPlan(spec, [lengths["a"], lengths["b"]])
+    planner = HostPlanner(plan, 0, 1)
+    for start, stop, share_a in ((0, 200, 0.5), (200, 400, 0.25), (400, 600, 0.0)):
+        tokens = np.zeros(2)
+        for step in range(start, stop):
+            pieces = planner.pieces_at(step)
+            tokens += np.bincount(pieces.source, weights=pieces.stop - pieces.start, minlength=2)
+        assert abs(tokens[0] / tokens.sum() - share_a) < 0.01, (start, tokens / tokens.sum())
+
+
+def test_document_weighting_follows_document_counts():
+    lengths = {"a": _lengths(5, 5000, 300.0), "b": _lengths(6, 5000, 30.0)}
+    spec = PlanSpec(
+        names=("a", "b"),
+        mixture=parse_mixture_schedule(None, ("a", "b"), {"a": 1.0, "b": 1.0}),
+        mixture_unit="documents",
+        row_length=256,
+        packing="best_fit",
+        shift=True,
+        shift_target=True,
+        seed=0,
+        shuffle=True,
+        batch=BatchSizeSchedule(16, None),
+        streams=4,
+        block_documents=400,
+    )
+    planner = HostPlanner(GlobalPlan(spec, [lengths["a"], lengths["b"]]), 0, 1)
+    docs = np.zeros(2)
+    for step in range(150):
+        pieces = planner.pieces_at(step)
+        docs += np.bincount(pieces.source[pieces.start == 0], minlength=2)
+    assert abs(docs[0] / docs.sum() - 0.5) < 0.02
+
+
+def test_best_fit_fills_99_percent_of_the_lognormal_bench_corpus_at_1024():
+    source = SyntheticSource(num_documents=20_000, mean_length=512.0, sigma=1.0, seed=1)
+    spec = PlanSpec(
+        names=("web",),
+        mixture=parse_mixture_schedule(None, ("web",), {"web": 1.0}),
+        mixture_unit="tokens",
+        row_length=1024,
+        packing="best_fit",
+        shift=True,
+        shift_target=True,
+        seed=0,
+        shuffle=True,
+        batch=BatchSizeSchedule(64, None),
+        streams=8,
+        num_epochs=1,
+    )
+    plan = GlobalPlan(spec, [source.lengths()])
+    planner = HostPlanner(plan, 0, 1)
+    tokens = sum(planner.pieces_at(step).tokens for step in range(plan.num_steps()))
+    assert tokens / (plan.num_steps() * 64 * 1024) >= 0.99
+    # Only documents longer than a row are split.
+    split = 0
+    again = HostPlanner(plan, 0, 1)
+    for step in range(5):
+        pieces = again.pieces_at(step)
+        split += int(((pieces.start > 0) & (pieces.stop - pieces.start < 1024)).sum())
+    long_docs = (source.lengths() > 1024).sum()
+    assert split <= long_docs
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([[1, {"a": 1}]], "must start at 0"),
+        ([[0, {"a": 1}], [5, {"b": 1}], [3, {"a": 1}]], "strictly increasing"),
+        ([[0, {"a": 1, "c": 1}]], "unknown components ['c']"),
+        ([[0, {"a": 1}], [4, {"a": 0, "b": 0}]], "weight 0"),
+        ([[0, {"a": 1}], [2.5, {"a": 1}]], "int >= 0"),
+        ([[0, {"a": 1}], [-2, {"a": 1}]], "int >= 0"),
+        ([[0, {"a": -1}]], "finite number >= 0"),
+        ("a:1", "non-empty list"),
+    ],
+)
+def test_bad_mixture_schedules_are_refused_naming_the_key(value, message):
+    with pytest.raises(DataConfigError, match="data.mixture_schedule") as error:
+        parse_mixture_schedule(value, ("a", "b"), {})
+    assert message in str(error.value)
+
+
+def test_packing_values():
+    assert packing_mode(True) == "best_fit"
+    assert packing_mode(False) == "none"
+    for mode in MODES:
+        assert packing_mode(mode) == mode
+    with pytest.raises(DataConfigError, match=r"data.packing='tight' is invalid.*best_fit"):
+        packing_mode("tight")
+
+
+def test_the_plan_depends_on_neither_host_count_nor_planning_history():
+    plan = make_plan("rampup_and_stages", "first_fit")
+    again = make_plan("rampup_and_stages", "first_fit")
+    a, b = HostPlanner(plan, 0, 1), HostPlanner(again, 1, 2)
+    for step in range(8):
+        a.pieces_at(step)
+    _same(a.pieces_at(8).row_slice(60, 120), b.pieces_at(8))

@@ -1,0 +1,163 @@
+"""Mixture weights by step, and exact per-block document counts.
+
+`data.mixture_schedule = [[step, {name: weight, ...}], ...]` changes the
+weights at the given steps; without it, `data.train.<name>.weight` holds for
+the whole run. A component left out of a stage, or given weight 0, is off for
+that stage.
+
+Counts are exact per block (Levanter's block-deterministic mixing): a block of
+K documents takes `floor(K * p_i)` documents of source i, and the few left over
+are dealt by systematic sampling with a per-block random offset, so each
+source's expected count is exactly `K * p_i` (a weight too small for one
+document per block still gets its share over many blocks). With token
+weighting (the default) `p_i` is proportional to `weight_i / mean_tokens_i`,
+so the realised *token* share matches the weight.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from xlstm_data.errors import DataConfigError
+
+KEY = "data.mixture_schedule"
+UNITS = ("tokens", "documents")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSchedule:
+    """Weights per component for each stage of the run.
+
+    Attributes:
+      names: Component names, in plan order.
+      starts: First step of each stage (the first is 0), increasing.
+      weights: Per stage, the normalised weight of each component.
+    """
+
+    names: tuple[str, ...]
+    starts: tuple[int, ...]
+    weights: tuple[tuple[float, ...], ...]
+
+    def stage_at(self, step: int) -> int:
+        """Index of the stage in force at `step`."""
+        return bisect.bisect_right(self.starts, step) - 1
+
+    def to_pairs(self) -> list[list[Any]]:
+        """The JSON form `[[step, {name: weight}], ...]` (normalised weights)."""
+        return [
+            [start, dict(zip(self.names, weights, strict=True))]
+            for start, weights in zip(self.starts, self.weights, strict=True)
+        ]
+
+
+def _weight(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DataConfigError(f"{key}={value!r} is invalid; expected a number >= 0")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise DataConfigError(f"{key}={value!r} is invalid; expected a finite number >= 0")
+    return value
+
+
+def _normalised(key: str, weights: Sequence[float]) -> tuple[float, ...]:
+    total = sum(weights)
+    if total <= 0:
+        raise DataConfigError(f"{key} gives every component weight 0; at least one must be > 0")
+    return tuple(w / total for w in weights)
+
+
+def parse_mixture_schedule(
+    value: Any, names: Sequence[str], static_weights: Mapping[str, float], key: str = KEY
+) -> MixtureSchedule:
+    """Validates `data.mixture_schedule` (or builds one stage from the static weights).
+
+    Args:
+      value: None, or a list of `[step, {name: weight}]` pairs.
+      names: The train datasets declared in `data.train`.
+      static_weights: `data.train.<name>.weight`, used when `value` is None.
+      key: Config key for error messages.
+    """
+    names = tuple(names)
+    if value is None:
+        weights = [float(static_weights.get(n, 0.0)) for n in names]
+        return MixtureSchedule(names, (0,), (_normalised("data.train.*.weight", weights),))
+    if isinstance(value, Mapping):
+        value = sorted(value.items(), key=lambda item: _stage_step(key, item[0]))
+    if not isinstance(value, list | tuple) or not value:
+        raise DataConfigError(
+            f"{key}={value!r} is invalid; expected a non-empty list of [step, {{name: weight}}] "
+            "pairs starting at step 0"
+        )
+    starts: list[int] = []
+    stages: list[tuple[float, ...]] = []
+    for index, entry in enumerate(value):
+        where = f"{key}[{index}]"
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise DataConfigError(
+                f"{where}={entry!r} is invalid; expected [step, {{name: weight}}]"
+            )
+        step = _stage_step(where, entry[0])
+        if starts and step <= starts[-1]:
+            raise DataConfigError(
+                f"{where} starts at step {step}, not after the previous stage's step "
+                f"{starts[-1]}; stages must be sorted by strictly increasing step"
+            )
+        if not starts and step != 0:
+            raise DataConfigError(f"{where} starts at step {step}; the first stage must start at 0")
+        weights = entry[1]
+        if hasattr(weights, "to_dict"):
+            weights = weights.to_dict()
+        if not isinstance(weights, Mapping):
+            raise DataConfigError(f"{where} weights {weights!r} must be a dict {{name: weight}}")
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise DataConfigError(
+                f"{where} names unknown components {unknown}; data.train declares {sorted(names)}"
+            )
+        row = [_weight(f"{where}[{name!r}]", weights.get(name, 0.0)) for name in names]
+        starts.append(step)
+        stages.append(_normalised(f"{where} (step {step})", row))
+    return MixtureSchedule(names, tuple(starts), tuple(stages))
+
+
+def _stage_step(where: str, raw: Any) -> int:
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw)  # JSON round trips turn dict keys into strings
+    if isinstance(raw, bool) or not isinstance(raw, numbers.Integral) or raw < 0:
+        raise DataConfigError(f"{where} has step {raw!r}; a stage step must be an int >= 0")
+    return int(raw)
+
+
+def document_shares(weights: Sequence[float], mean_tokens: np.ndarray, unit: str) -> np.ndarray:
+    """The share of a block's documents each component gets."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if unit == "tokens":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            weights = np.where(weights > 0, weights / mean_tokens, 0.0)
+    return weights / weights.sum()
+
+
+def block_counts(shares: np.ndarray, block_documents: int, offset: float) -> np.ndarray:
+    """Exact counts summing to `block_documents`, rounded by systematic sampling.
+
+    Args:
+      shares: Per-component shares, summing to 1.
+      block_documents: Documents in the block.
+      offset: A number in [0, 1), drawn per block.
+    """
+    ideal = shares * block_documents
+    base = np.floor(ideal).astype(np.int64)
+    left = int(block_documents - base.sum())
+    if left <= 0:
+        return base
+    cumulative = np.cumsum(ideal - base)
+    cumulative[-1] = left  # no float drift at the end
+    dealt = np.floor(cumulative + offset).astype(np.int64)
+    return base + np.diff(np.concatenate([[0], dealt]))

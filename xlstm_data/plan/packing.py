@@ -1,0 +1,164 @@
+"""Packing a block's documents into rows, planned on lengths alone.
+
+Modes (`data.packing`):
+- `best_fit` (default): documents of at most L example positions are placed
+  whole; longer ones are cut into L-sized pieces (each a full row) plus a
+  remainder. Pieces shorter than L are packed best-fit-decreasing. BFD leaves
+  well under 1 % padding on realistic length mixes while never cutting a
+  document that fits in a row.
+- `first_fit`: the same pieces, each into the first row with room, in block
+  order (the reference pipeline's packer, without its bounded bin count).
+- `concat`: the block's documents concatenated and cut at row boundaries, as
+  Megatron does: every row full but the block's last; documents are cut
+  anywhere, and segment ids still mark them.
+- `none`: one piece per row, padded.
+
+No token is ever dropped: every example position of every document lands in
+exactly one row.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from xlstm_data.errors import DataConfigError
+from xlstm_data.plan.pieces import Pieces, _ranges
+
+MODES = ("best_fit", "first_fit", "concat", "none")
+ALIASES = {True: "best_fit", False: "none"}
+
+
+def packing_mode(value: object, key: str = "data.packing") -> str:
+    """Normalises `data.packing` (True/False are aliases of best_fit/none)."""
+    if isinstance(value, bool):
+        return ALIASES[value]
+    if isinstance(value, str) and value in MODES:
+        return value
+    raise DataConfigError(
+        f"{key}={value!r} is invalid; expected one of {list(MODES)} (or True = 'best_fit', "
+        "False = 'none')"
+    )
+
+
+def _chunks(
+    sources: np.ndarray, documents: np.ndarray, sizes: np.ndarray, row_length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cuts each document into pieces of at most `row_length` positions."""
+    per_doc = -(-sizes // row_length)
+    owner = np.repeat(np.arange(len(sizes)), per_doc)
+    index_in_doc = _ranges(np.zeros(len(sizes), np.int64), per_doc)
+    start = index_in_doc * row_length
+    stop = np.minimum(start + row_length, sizes[owner])
+    return sources[owner], documents[owner], start, stop
+
+
+def _rows_from_assignment(
+    row_of: np.ndarray, src: np.ndarray, doc: np.ndarray, start: np.ndarray, stop: np.ndarray
+) -> Pieces:
+    order = np.argsort(row_of, kind="stable")
+    rows = int(row_of.max()) + 1 if len(row_of) else 0
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(row_of, minlength=rows))])
+    return Pieces(offsets.astype(np.int64), src[order], doc[order], start[order], stop[order])
+
+
+def _best_fit_decreasing(sizes: np.ndarray, row_length: int) -> np.ndarray:
+    """Row index of each item (sizes <= row_length), BFD."""
+    order = np.argsort(-sizes, kind="stable")
+    row_of = np.empty(len(sizes), dtype=np.int64)
+    free: list[tuple[int, int]] = []  # (room left, row), sorted
+    rows = 0
+    for item in order.tolist():
+        size = int(sizes[item])
+        at = bisect.bisect_left(free, (size, -1))
+        if at < len(free):
+            room, row = free.pop(at)
+        else:
+            room, row = row_length, rows
+            rows += 1
+        row_of[item] = row
+        if room - size > 0:
+            bisect.insort(free, (room - size, row))
+    return row_of
+
+
+def _first_fit(sizes: np.ndarray, row_length: int) -> np.ndarray:
+    """Row index of each item, in order, into the first row with room."""
+    room = np.empty(max(len(sizes), 1), dtype=np.int64)
+    row_of = np.empty(len(sizes), dtype=np.int64)
+    rows = 0
+    for item, size in enumerate(sizes.tolist()):
+        fits = np.flatnonzero(room[:rows] >= size)
+        if len(fits):
+            row = int(fits[0])
+        else:
+            row, rows = rows, rows + 1
+            room[row] = row_length
+        room[row] -= size
+        row_of[item] = row
+    return row_of
+
+
+def _concat(
+    src: np.ndarray, doc: np.ndarray, sizes: np.ndarray, row_length: int
+) -> tuple[np.ndarray, ...]:
+    """Pieces of the documents laid end to end and cut every `row_length` positions."""
+    doc_start = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+    total = int(sizes.sum())
+    cuts = np.union1d(doc_start, np.arange(0, total, row_length))
+    cuts = cuts[cuts < total]
+    owner = np.searchsorted(doc_start, cuts, side="right") - 1
+    # Documents of size 0 share a start with the next one; searchsorted picks the last.
+    ends = np.concatenate([cuts[1:], [total]])
+    start = cuts - doc_start[owner]
+    stop = ends - doc_start[owner]
+    row_of = cuts // row_length
+    return row_of, src[owner], doc[owner], start, stop
+
+
+def pack_block(
+    sources: np.ndarray,
+    documents: np.ndarray,
+    sizes: np.ndarray,
+    row_length: int,
+    mode: str,
+    rng: np.random.Generator | None,
+) -> Pieces:
+    """Packs one block's documents (in block order) into rows.
+
+    Args:
+      sources: Source index of each document.
+      documents: Document index of each.
+      sizes: Example positions of each (`example_tokens`).
+      row_length: L, positions per row.
+      mode: One of `MODES`.
+      rng: Shuffles the rows of best_fit/first_fit (BFD emits them by size);
+        None keeps them in packing order.
+
+    Returns:
+      The block's rows.
+    """
+    sources = np.asarray(sources, dtype=np.int32)
+    documents = np.asarray(documents, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    keep = sizes > 0
+    sources, documents, sizes = sources[keep], documents[keep], sizes[keep]
+    if mode == "concat":
+        return _rows_from_assignment(*_concat(sources, documents, sizes, row_length))
+    src, doc, start, stop = _chunks(sources, documents, sizes, row_length)
+    lengths = stop - start
+    if mode == "none":
+        row_of = np.arange(len(lengths), dtype=np.int64)
+    elif mode == "first_fit":
+        row_of = _first_fit(lengths, row_length)
+    else:
+        full = lengths == row_length
+        row_of = np.empty(len(lengths), dtype=np.int64)
+        full_rows = int(full.sum())
+        row_of[full] = np.arange(full_rows)
+        row_of[~full] = full_rows + _best_fit_decreasing(lengths[~full], row_length)
+    pieces = _rows_from_assignment(row_of, src, doc, start, stop)
+    if rng is not None and mode in ("best_fit", "first_fit") and pieces.rows > 1:
+        pieces = pieces.take_rows(rng.permutation(pieces.rows))
+    return pieces

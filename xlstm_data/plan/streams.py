@@ -1,0 +1,384 @@
+"""Logical streams: the plan's unit of parallel planning and of resumable state.
+
+The global batch of every step is split into V equal slices; slice v of every
+step comes from stream v, which plans its rows block by block. A stream's
+cursor (block index, rows before the block, documents taken from each source)
+is all it needs to continue, so the saved position is V small cursors, and a
+restore at any step costs one block of planning, not a replay.
+
+Stream v takes positions v, v + V, v + 2V, ... of each source's sequence, so
+the streams together cover every document exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.plan.mixture import block_counts, document_shares
+from xlstm_data.plan.order import SourceOrder
+from xlstm_data.plan.packing import pack_block
+from xlstm_data.plan.permutation import derive_seed
+from xlstm_data.plan.pieces import Pieces, example_tokens
+from xlstm_data.plan.spec import PlanSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Cursor:
+    """Where a stream's block starts.
+
+    Attributes:
+      block: Index of the block in the stream.
+      row: Stream rows planned before the block.
+      taken: Per source, documents the stream took before the block.
+      credit: Per source, tokens the stream still owes (<= 0: the last
+        document taken overshot the token budget by that much).
+    """
+
+    block: int
+    row: int
+    taken: tuple[int, ...]
+    credit: tuple[int, ...]
+
+    def to_list(self) -> list[int]:
+        return [self.block, self.row, *self.taken, *self.credit]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> Cursor:
+        sources = (len(values) - 2) // 2
+        values = [int(v) for v in values]
+        return cls(
+            values[0], values[1], tuple(values[2 : 2 + sources]), tuple(values[2 + sources :])
+        )
+
+
+class GlobalPlan:
+    """The plan of one run: a pure function of the spec and the document lengths.
+
+    Args:
+      spec: The validated spec.
+      lengths: Per source (in `spec.names` order), every document's token count.
+    """
+
+    def __init__(self, spec: PlanSpec, lengths: Sequence[np.ndarray]):
+        if len(lengths) != len(spec.names):
+            raise ValueError(f"{len(lengths)} length arrays for {len(spec.names)} sources")
+        self.spec = spec
+        self.lengths = [np.asarray(x) for x in lengths]
+        means = []
+        for name, array in zip(spec.names, self.lengths, strict=True):
+            if len(array) == 0:
+                raise DataConfigError(f"data.train.{name} has no documents")
+            mean = float(example_tokens(np.asarray(array.mean()), spec.shift, spec.shift_target))
+            if mean <= 0:
+                raise DataConfigError(f"data.train.{name} has only empty documents")
+            means.append(mean)
+        self.mean_tokens = np.asarray(means)
+        self.orders = [
+            SourceOrder(len(array), spec.seed, name, spec.shuffle)
+            for name, array in zip(spec.names, self.lengths, strict=True)
+        ]
+        self._shares = [
+            document_shares(weights, self.mean_tokens, spec.mixture_unit)
+            for weights in spec.mixture.weights
+        ]
+        self._total_rows: list[int] | None = None
+
+    # Geometry ---------------------------------------------------------------
+
+    @property
+    def streams(self) -> int:
+        return self.spec.streams
+
+    def stream_rows(self, step: int) -> tuple[int, int]:
+        """`(first stream row of step, rows per stream at step)`."""
+        first = self.spec.batch.examples_seen(step) // self.streams
+        return first, self.spec.batch.global_batch_size_at(step) // self.streams
+
+    def step_of_stream_row(self, row: int) -> int:
+        """The step whose slice of a stream holds stream row `row`."""
+        return self.spec.batch.step_for_examples(row * self.streams + 1) - 1
+
+    def host_streams(self, host_index: int, host_count: int) -> range:
+        """Streams a data host's rows come from (the same at every step)."""
+        first = host_index * self.streams // host_count
+        last = -(-(host_index + 1) * self.streams // host_count)
+        return range(first, last)
+
+    def start_cursor(self) -> Cursor:
+        return Cursor(0, 0, (0,) * len(self.spec.names), (0,) * len(self.spec.names))
+
+    # Blocks -----------------------------------------------------------------
+
+    def _available(self, source: int, stream: int) -> int | None:
+        """Documents the stream may take from a source in a finite run."""
+        if self.spec.num_epochs is None:
+            return None
+        total = len(self.lengths[source]) * self.spec.num_epochs
+        return max(0, -(-(total - stream) // self.streams))
+
+    def _rows_to_next_stage(self, row: int) -> int | None:
+        """Stream rows from `row` to the next mixture stage's first row (None: last stage)."""
+        starts = self.spec.mixture.starts
+        stage = self.spec.mixture.stage_at(self.step_of_stream_row(row))
+        if stage + 1 >= len(starts):
+            return None
+        return self.spec.batch.examples_seen(starts[stage + 1]) // self.streams - row
+
+    def plan_block(self, stream: int, cursor: Cursor) -> tuple[Pieces, Cursor, int]:
+        """Plans the block at `cursor`.
+
+        A block lies within one mixture stage: near a stage boundary it takes
+        fewer documents, so that its rows end at the boundary (or, when a
+        single document's rows cross it, at most that document's rows later).
+
+        Returns:
+          `(rows, cursor of the next block, documents taken)`; 0 documents
+          means the stream has ended (finite runs only).
+        """
+        rows_left = self._rows_to_next_stage(cursor.row)
+        documents = self.spec.block_documents
+        while True:
+            planned = self._plan_documents(stream, cursor, documents)
+            rows = planned[0].rows
+            if rows_left is None or rows <= rows_left or documents == 1:
+                return planned
+            documents = max(1, min(documents - 1, documents * rows_left // rows))
+
+    def _documents_at(self, source: int, stream: int, first: int, count: int) -> np.ndarray:
+        """Documents at the stream's `count` positions of a source from its `first`."""
+        positions = stream + (first + np.arange(count, dtype=np.int64)) * self.streams
+        return self.orders[source].documents(positions)
+
+    def _sizes(self, source: int, documents: np.ndarray) -> np.ndarray:
+        spec = self.spec
+        return example_tokens(self.lengths[source][documents], spec.shift, spec.shift_target)
+
+    def _take_tokens(
+        self, source: int, stream: int, first: int, budget: int
+    ) -> tuple[np.ndarray, int]:
+        """The stream's next documents of a source until `budget` tokens are reached.
+
+        The document that crosses the budget is taken too; the overshoot
+        (at most one document) is owed back by the next block (its credit).
+        """
+        documents = np.zeros(0, dtype=np.int64)
+        total = 0
+        while total < budget:
+            guess = max(8, int(1.25 * (budget - total) / self.mean_tokens[source]) + 1)
+            more = self._documents_at(source, stream, first + len(documents), guess)
+            sizes = np.cumsum(self._sizes(source, more)) + total
+            enough = int(np.searchsorted(sizes, budget, side="left"))
+            if enough < guess:
+                documents = np.concatenate([documents, more[: enough + 1]])
+                total = int(sizes[enough])
+                break
+            documents = np.concatenate([documents, more])
+            total = int(sizes[-1])
+        return documents, total
+
+    def _plan_documents(
+        self, stream: int, cursor: Cursor, block_documents: int
+    ) -> tuple[Pieces, Cursor, int]:
+        spec = self.spec
+        step = self.step_of_stream_row(cursor.row)
+        stage = spec.mixture.stage_at(step)
+        shares = self._shares[stage]
+        rng = np.random.default_rng(derive_seed(spec.seed, "block", stream, cursor.block))
+        offset = float(rng.random())
+        sources, documents = [], []
+        taken, credit = list(cursor.taken), list(cursor.credit)
+        if spec.mixture_unit == "tokens" and spec.num_epochs is None:
+            block_tokens = block_documents * float(shares @ self.mean_tokens)
+            for index, weight in enumerate(spec.mixture.weights[stage]):
+                budget = int(round(block_tokens * weight)) + credit[index]
+                if weight == 0 or budget <= 0:
+                    continue
+                docs, tokens = self._take_tokens(index, stream, taken[index], budget)
+                credit[index] = budget - tokens
+                taken[index] += len(docs)
+                sources.append(np.full(len(docs), index, dtype=np.int32))
+                documents.append(docs)
+        else:
+            counts = block_counts(shares, block_documents, offset)
+            for index, count in enumerate(counts.tolist()):
+                available = self._available(index, stream)
+                if available is not None:
+                    count = min(count, available - taken[index])
+                if count <= 0:
+                    continue
+                sources.append(np.full(count, index, dtype=np.int32))
+                documents.append(self._documents_at(index, stream, taken[index], count))
+                taken[index] += count
+        count = sum(len(d) for d in documents)
+        if count == 0:
+            return Pieces.empty_rows(0), cursor, 0
+        source = np.concatenate(sources)
+        document = np.concatenate(documents)
+        if spec.shuffle:
+            order = rng.permutation(count)
+            source, document = source[order], document[order]
+        sizes = np.empty(count, dtype=np.int64)
+        for index in np.unique(source):
+            chosen = source == index
+            sizes[chosen] = self._sizes(int(index), document[chosen])
+        pieces = pack_block(
+            source, document, sizes, spec.row_length, spec.packing, rng if spec.shuffle else None
+        )
+        following = Cursor(cursor.block + 1, cursor.row + pieces.rows, tuple(taken), tuple(credit))
+        return pieces, following, count
+
+    # Finite runs ------------------------------------------------------------
+
+    def total_stream_rows(self) -> list[int]:
+        """Rows each stream holds in a finite run (plans every block once)."""
+        if self.spec.num_epochs is None:
+            raise ValueError("an endless run has no total")
+        if self._total_rows is None:
+            totals = []
+            for stream in range(self.streams):
+                cursor = self.start_cursor()
+                while True:
+                    _, cursor, taken = self.plan_block(stream, cursor)
+                    if taken == 0:
+                        break
+                totals.append(cursor.row)
+            self._total_rows = totals
+        return self._total_rows
+
+    def num_steps(self) -> int | None:
+        """Global steps of a finite run (exact, packing included); None if endless."""
+        if self.spec.num_epochs is None:
+            return None
+        totals = self.total_stream_rows()
+        batch = self.spec.batch
+        if self.spec.drop_remainder:
+            return batch.step_for_examples(min(totals) * self.streams + 1) - 1
+        return batch.step_for_examples(max(totals) * self.streams)
+
+
+class StreamPlanner:
+    """Plans one stream forward from a cursor and hands out its rows.
+
+    Rows are requested in increasing order (a restore starts a new planner at
+    the saved cursor); blocks before the lowest row asked for are dropped.
+    """
+
+    def __init__(self, plan: GlobalPlan, stream: int, cursor: Cursor):
+        self.plan = plan
+        self.stream = stream
+        self._blocks: collections.deque[tuple[Cursor, Pieces]] = collections.deque()
+        self._next = cursor
+        self.ended = False
+
+    def _plan_next(self) -> None:
+        pieces, following, taken = self.plan.plan_block(self.stream, self._next)
+        if taken == 0:
+            self.ended = True
+            return
+        self._blocks.append((self._next, pieces))
+        self._next = following
+
+    def _plan_through(self, row: int) -> None:
+        while not self.ended and self._next.row <= row:
+            self._plan_next()
+
+    def _first_row(self) -> int:
+        return self._blocks[0][0].row if self._blocks else self._next.row
+
+    def _check_not_before(self, row: int) -> None:
+        if row < self._first_row():
+            raise DataCheckpointError(
+                f"stream {self.stream} was asked for row {row}, before its cursor at row "
+                f"{self._first_row()}; a planner only moves forward"
+            )
+
+    def rows(self, first: int, count: int) -> Pieces:
+        """Stream rows `[first, first + count)`; rows past a finite end are empty."""
+        self._check_not_before(first)
+        while self._blocks and self._blocks[0][0].row + self._blocks[0][1].rows <= first:
+            self._blocks.popleft()
+        self._plan_through(first + count - 1)
+        parts = []
+        stop = first + count
+        for cursor, pieces in self._blocks:
+            lo, hi = max(first, cursor.row), min(stop, cursor.row + pieces.rows)
+            if lo < hi:
+                parts.append(pieces.row_slice(lo - cursor.row, hi - cursor.row))
+        planned = sum(p.rows for p in parts)
+        if planned < count:
+            parts.append(Pieces.empty_rows(count - planned))
+        return Pieces.concat(parts)
+
+    def cursor_at(self, row: int) -> Cursor:
+        """The cursor of the block holding stream row `row` (or the end cursor)."""
+        self._check_not_before(row)
+        self._plan_through(row)
+        for cursor, pieces in self._blocks:
+            if cursor.row <= row < cursor.row + pieces.rows:
+                return cursor
+        return self._next
+
+
+class HostPlanner:
+    """A data host's rows of each step, from the streams its rows lie in.
+
+    Args:
+      plan: The global plan.
+      host_index: This data host.
+      host_count: Data hosts; must divide every stage's global batch.
+      cursors: Cursors of (at least) this host's streams at a restored step,
+        or None to start at step 0.
+    """
+
+    def __init__(
+        self,
+        plan: GlobalPlan,
+        host_index: int,
+        host_count: int,
+        cursors: Mapping[int, Cursor] | None = None,
+    ):
+        self.plan = plan
+        self.host_index = host_index
+        self.host_count = host_count
+        self.streams = plan.host_streams(host_index, host_count)
+        planners = {}
+        for stream in self.streams:
+            if cursors is None:
+                cursor = plan.start_cursor()
+            elif stream in cursors:
+                cursor = cursors[stream]
+            else:
+                raise DataCheckpointError(
+                    f"the saved data position has no cursor for stream {stream}"
+                )
+            planners[stream] = StreamPlanner(plan, stream, cursor)
+        self._planners = planners
+
+    def host_rows(self, step: int) -> tuple[int, int]:
+        """`(first global row, rows)` of this host at `step`."""
+        batch = self.plan.spec.batch.global_batch_size_at(step)
+        per_host = batch // self.host_count
+        return self.host_index * per_host, per_host
+
+    def pieces_at(self, step: int) -> Pieces:
+        """This host's rows of the global batch at `step`, in row order."""
+        first_row, per_stream = self.plan.stream_rows(step)
+        lo, count = self.host_rows(step)
+        hi = lo + count
+        parts = []
+        for stream in self.streams:
+            a, b = max(lo, stream * per_stream), min(hi, (stream + 1) * per_stream)
+            if a < b:
+                offset = first_row + a - stream * per_stream
+                parts.append(self._planners[stream].rows(offset, b - a))
+        return Pieces.concat(parts)
+
+    def cursors_at(self, step: int) -> dict[int, Cursor]:
+        """Cursors that resume this host's streams at `step`."""
+        first_row, _ = self.plan.stream_rows(step)
+        return {s: self._planners[s].cursor_at(first_row) for s in self.streams}
