@@ -37,7 +37,6 @@ def get_config() -> config_dict.ConfigDict:
     )
     data.global_batch_size = 32
     data.max_target_length = 256
-    data.packing_bin_count = 64
     data.data_shuffle_seed = 7
     data.rampup = [[0, 0.25], [200, 0.5], [500, 1.0]]
     return config

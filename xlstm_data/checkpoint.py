@@ -40,6 +40,7 @@ from xlstm_data.fingerprint import (
     fingerprint,
     flat_data_config,
 )
+from xlstm_data.planned_iterator import PlannedDataIterator, is_plan_state, merge_plan_states
 
 #: Version of the per-process file layout below; bump on format changes.
 CHECKPOINT_FORMAT_VERSION = 1
@@ -129,10 +130,13 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
     def _restore_here(self, directory: epath.Path, args: DataCheckpointRestore) -> dict[str, Any]:
         layout = args.iterator.layout
         path = directory / state_file_name(layout.process_index, layout.process_count)
-        if not path.exists():
-            raise _missing_file_error(directory, path, layout.process_count)
-        header, state = _read_record(path)
-        _check_header(path, header, layout)
+        if isinstance(args.iterator, PlannedDataIterator):
+            path, header, state = _planned_record(directory, path, layout)
+        else:
+            if not path.exists():
+                raise _missing_file_error(directory, path, layout.process_count)
+            header, state = _read_record(path)
+            _check_header(path, header, layout)
         current = _flat_config(args.iterator, args.data_config)
         changed = _check_config(path, header.get("data_config"), current, args.allow_config_change)
         if header.get("grain_version") != _grain_version():
@@ -210,6 +214,68 @@ class DataCheckpointRestore(ocp.args.CheckpointArgs):
         allowed_patterns(self.allow_config_change)  # refuses a bad value up front
 
 
+def _planned_record(
+    directory: epath.Path, own: epath.Path, layout: Any
+) -> tuple[epath.Path, dict[str, Any], dict[str, Any]]:
+    """The planned position for this process, from any process layout.
+
+    On the saving layout this process's own file holds the cursors it needs;
+    on another layout every file of the saving run is read and their cursors
+    merged (each file holds its process's logical streams).
+    """
+    if own.exists():
+        header, state = _read_record(own)
+        _check_version(own, header)
+        if is_plan_state(state):
+            return own, header, state
+    saved = sorted(
+        (int(m.group(2)), int(m.group(1)), p)
+        for p in directory.glob("process_*-of-*.json")
+        if (m := _STATE_FILE.fullmatch(p.name))
+    )
+    counts = sorted({count for count, _, _ in saved})
+    if not saved:
+        raise DataCheckpointError(f"the checkpoint item {directory} holds no data-state file")
+    if len(counts) > 1:
+        raise DataCheckpointError(
+            f"the checkpoint item {directory} mixes files of process counts {counts}; it is "
+            "corrupted"
+        )
+    records = [_read_record(p) for _, _, p in saved]
+    present = sorted(index for _, index, _ in saved)
+    if present != list(range(counts[0])):
+        raise DataCheckpointError(
+            f"the checkpoint item {directory} has the files of processes {present} of "
+            f"{counts[0]}; every saving process's file is needed to resume on another layout"
+        )
+    for (_, _, p), (header, _) in zip(saved, records, strict=True):
+        _check_version(p, header)
+    states = [state for _, state in records]
+    if not all(is_plan_state(state) for state in states):
+        raise DataCheckpointError(
+            f"the data position in {directory} was saved by process_count={counts[0]} processes "
+            f"with the streaming pipeline, which cannot resume on process_count="
+            f"{layout.process_count}; resume with {counts[0]} processes, or restart the data "
+            "deliberately (--start_data_fresh)"
+        )
+    logging.info(
+        "resuming the planned data position of %d processes on %d",
+        counts[0],
+        layout.process_count,
+    )
+    merged = merge_plan_states(states, layout.process_index)
+    return saved[0][2], records[0][0], merged
+
+
+def _check_version(path: epath.Path, header: Mapping[str, Any]) -> None:
+    version = header.get("format_version")
+    if version != CHECKPOINT_FORMAT_VERSION:
+        raise DataCheckpointError(
+            f"data-state file {path} has format_version={version!r}; this version of "
+            f"xlstm-data reads format_version={CHECKPOINT_FORMAT_VERSION}"
+        )
+
+
 def _read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         record = json.loads(path.read_text())
@@ -251,12 +317,7 @@ def _missing_file_error(
 
 
 def _check_header(path: epath.Path, header: Mapping[str, Any], layout: Any) -> None:
-    version = header.get("format_version")
-    if version != CHECKPOINT_FORMAT_VERSION:
-        raise DataCheckpointError(
-            f"data-state file {path} has format_version={version!r}; this version of "
-            f"xlstm-data reads format_version={CHECKPOINT_FORMAT_VERSION}"
-        )
+    _check_version(path, header)
     for key in ("process_count", "process_index"):
         if header.get(key) != getattr(layout, key):
             raise DataCheckpointError(

@@ -19,8 +19,10 @@ import ml_collections
 from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 from xlstm_data.mixing import check_weight, normalize_weights
+from xlstm_data.plan.mixture import UNITS, MixtureSchedule, parse_mixture_schedule
+from xlstm_data.plan.packing import packing_mode
+from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
 from xlstm_data.rampup import RampupSchedule, parse_rampup
-from xlstm_data.reading import read_options
 from xlstm_data.sources import expand_files
 
 #: Options of each source kind: name -> (required, default).
@@ -59,8 +61,11 @@ DATA_DEFAULTS: dict[str, Any] = {
     "global_batch_size": None,
     "eval_global_batch_size": None,
     "max_target_length": None,
-    "packing": True,
-    "packing_bin_count": None,
+    "packing": "best_fit",
+    "mixture_schedule": None,
+    "mixture_unit": "tokens",
+    "logical_streams": None,
+    "block_documents": DEFAULT_BLOCK_DOCUMENTS,
     "shift": True,
     "shift_target": True,
     # None: the tokenizer's own end-of-document id (resolved when sources are built).
@@ -74,7 +79,18 @@ DATA_DEFAULTS: dict[str, Any] = {
     "rampup": None,
     "prefetch": 2,
     "read_threads": None,
-    "read_buffer_size": None,
+}
+
+#: Keys of the streaming pipeline that the planned config path no longer has.
+REMOVED_KEYS: dict[str, str] = {
+    "packing_bin_count": (
+        "the planned pipeline packs whole blocks of documents (data.block_documents) with "
+        "data.packing='best_fit' or 'first_fit'; remove the key"
+    ),
+    "read_buffer_size": (
+        "the planned pipeline reads exactly the documents of each batch; remove the key "
+        "(data.read_threads sets the reading threads)"
+    ),
 }
 
 
@@ -85,12 +101,12 @@ _UNSET_KEY_TYPES: dict[str, type] = {
     "global_batch_size": int,
     "eval_global_batch_size": int,
     "max_target_length": int,
-    "packing_bin_count": int,
+    "logical_streams": int,
+    "mixture_schedule": object,
     "eod_token_id": int,
     "num_epochs": int,
     "rampup": object,
     "read_threads": int,
-    "read_buffer_size": int,
 }
 
 
@@ -110,6 +126,8 @@ def default_data_config() -> ml_collections.ConfigDict:
             data[key] = ml_collections.ConfigDict()
         elif key in _UNSET_KEY_TYPES:
             data[key] = ml_collections.FieldReference(default, field_type=_UNSET_KEY_TYPES[key])
+        elif key == "packing":  # a mode name, or True/False as aliases
+            data[key] = ml_collections.FieldReference(default, field_type=object)
         else:
             data[key] = default
     return data
@@ -160,8 +178,7 @@ class DataConfig:
     global_batch_size: int
     eval_global_batch_size: int
     max_target_length: int
-    packing: bool
-    packing_bin_count: int | None
+    packing: str
     shift: bool
     shift_target: bool
     eod_token_id: int | None
@@ -174,7 +191,29 @@ class DataConfig:
     rampup: RampupSchedule
     prefetch: int
     read_threads: int | None = None
-    read_buffer_size: int | None = None
+    mixture_schedule: MixtureSchedule | None = None
+    mixture_unit: str = "tokens"
+    logical_streams: int | None = None
+    block_documents: int = DEFAULT_BLOCK_DOCUMENTS
+
+    @property
+    def mixture(self) -> MixtureSchedule:
+        """Weights by step: `mixture_schedule`, or the static weights as one stage."""
+        if self.mixture_schedule is not None:
+            return self.mixture_schedule
+        return parse_mixture_schedule(
+            None, [s.name for s in self.train], {s.name: s.weight for s in self.train}
+        )
+
+    @property
+    def mixed_names(self) -> tuple[str, ...]:
+        """Train datasets with a weight > 0 in some stage (the ones the plan reads)."""
+        mixture = self.mixture
+        return tuple(
+            name
+            for i, name in enumerate(mixture.names)
+            if any(weights[i] > 0 for weights in mixture.weights)
+        )
 
     @property
     def weights(self) -> dict[str, float]:
@@ -187,6 +226,7 @@ class DataConfig:
         """A JSON-able view (used for fingerprints and `inspect`)."""
         out = dataclasses.asdict(self)
         out["rampup"] = self.rampup.to_pairs()
+        out["mixture_schedule"] = self.mixture.to_pairs()
         for split in ("train", "eval"):
             out[split] = {
                 s.name: {"kind": s.kind, "weight": s.weight, **dict(s.options)}
@@ -264,6 +304,11 @@ def validate_data_config(config: Any) -> DataConfig:
         data = _plain(data["data"])
     if not isinstance(data, Mapping):
         raise DataConfigError(f"the data config must be a dict or ConfigDict, got {type(data)}")
+    removed = sorted(set(data) & set(REMOVED_KEYS))
+    if removed and any(data[k] is not None for k in removed):
+        key = next(k for k in removed if data[k] is not None)
+        raise DataConfigError(f"data.{key} is no longer a data key: {REMOVED_KEYS[key]}")
+    data = {k: v for k, v in data.items() if k not in REMOVED_KEYS}
     unknown = set(data) - set(DATA_DEFAULTS)
     if unknown:
         raise DataConfigError(
@@ -291,11 +336,18 @@ def validate_data_config(config: Any) -> DataConfig:
             "(the mix would stop at the first dataset's end and skip the rest); set "
             "data.num_epochs=None and bound the run by train steps"
         )
-    read_options(
-        d["read_threads"],
-        d["read_buffer_size"],
-        keys=("data.read_threads", "data.read_buffer_size"),
-    )
+    read_threads = check_int("data.read_threads", d["read_threads"], 0, optional=True)
+    schedule = d["mixture_schedule"]
+    mixture_schedule = None
+    if schedule is not None:
+        mixture_schedule = parse_mixture_schedule(
+            _plain(schedule), [s.name for s in train], {}, key="data.mixture_schedule"
+        )
+        if num_epochs is not None:
+            raise DataConfigError(
+                "data.mixture_schedule cannot be combined with data.num_epochs (which bounds a "
+                "single dataset); bound the run by train steps"
+            )
     return DataConfig(
         train=train,
         eval=evals,
@@ -305,10 +357,7 @@ def validate_data_config(config: Any) -> DataConfig:
         )
         or global_batch_size,
         max_target_length=check_int("data.max_target_length", d["max_target_length"], 2),
-        packing=_bool("data.packing", d["packing"]),
-        packing_bin_count=check_int(
-            "data.packing_bin_count", d["packing_bin_count"], 1, optional=True
-        ),
+        packing=packing_mode(d["packing"]),
         shift=_bool("data.shift", d["shift"]),
         shift_target=_bool("data.shift_target", d["shift_target"]),
         eod_token_id=check_int("data.eod_token_id", d["eod_token_id"], 0, optional=True),
@@ -320,6 +369,15 @@ def validate_data_config(config: Any) -> DataConfig:
         drop_remainder=_bool("data.drop_remainder", d["drop_remainder"]),
         rampup=parse_rampup(_plain(d["rampup"]), key="data.rampup"),
         prefetch=check_int("data.prefetch", d["prefetch"], 1),
-        read_threads=d["read_threads"],
-        read_buffer_size=d["read_buffer_size"],
+        read_threads=read_threads,
+        mixture_schedule=mixture_schedule,
+        mixture_unit=_choice("data.mixture_unit", d["mixture_unit"], UNITS),
+        logical_streams=check_int("data.logical_streams", d["logical_streams"], 1, optional=True),
+        block_documents=check_int("data.block_documents", d["block_documents"], 1),
     )
+
+
+def _choice(key: str, value: Any, valid: tuple[str, ...]) -> str:
+    if value not in valid:
+        raise DataConfigError(f"{key}={value!r} is invalid; expected one of {list(valid)}")
+    return value

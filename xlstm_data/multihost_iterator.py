@@ -149,6 +149,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         used for per-component token counts in `data_counters`.
       batch_axis_names: Mesh axes the batch rows are split over (see
         `mesh.data_axes`); default the `dp`/`fsdp` axes the mesh has.
+      data_config: The data config the iterator was built from (checkpoints
+        fingerprint it).
+      sources: The document sources of the train datasets, by name.
     """
 
     def __init__(
@@ -168,6 +171,8 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         batch_schedule: Any = None,
         component_names: Sequence[str] = (),
         batch_axis_names: str | Sequence[str] | None = None,
+        data_config: Any = None,
+        sources: Mapping[str, Any] | None = None,
     ):
         if iterator_length is not None and iterator_length < 1:
             raise DataConfigError(f"iterator_length={iterator_length} must be >= 1 or None")
@@ -187,7 +192,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         #: Length of a finite run and whether it is exact (see `epoch_length`).
         self.epoch_length: Any = None
         #: The data config this iterator was built from (fingerprinted in checkpoints).
-        self.data_config: Any = None
+        self.data_config: Any = data_config
         self.component_names = tuple(component_names)
         #: What was handed out so far (tokens, padding, per component, wait time);
         #: saved with the position, so the totals continue across a resume.
@@ -195,7 +200,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         #: The document sources the train datasets were built on, by name (for
         #: `source_documents`, and for tools like `inspect` that would otherwise
         #: open them a second time).
-        self.sources: Mapping[str, Any] = {}
+        self.sources: Mapping[str, Any] = dict(sources or {})
         self.layout = data_host_layout(global_mesh, batch_axis_names)
         self.sharding = self.layout.sharding(global_mesh)
         if sync_end is None:

@@ -1,0 +1,119 @@
+"""A data host's batches as a grain `MapDataset` indexed by step.
+
+Element i is the host's batch at step `start_step + i`, computed from the plan:
+the host's rows' pieces, read and assembled. With worker processes
+(`mp_prefetch`), grain deals worker w the steps w, w + W, ...; each worker
+plans its streams forward on its own, so the batches never depend on the
+worker count. Each element also carries, beside the batch, the cursors that
+resume this host's streams at the *next* step and the tokens per source, so
+the iterator in the main process knows its position without planning.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent import futures
+from typing import Any
+
+import grain
+import numpy as np
+
+from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.row_assembly import assemble_rows
+
+
+class PlannedBatchDataset(grain.MapDataset):
+    """This host's batches from `start_step` on.
+
+    Args:
+      plan: The global plan.
+      sources: Document sources in plan order (`source[i]["tokens"]`).
+      host_index: This data host.
+      host_count: Data hosts.
+      eod_token_id: Appended to every document.
+      start_step: The first step (a restored position).
+      cursors: Cursors of this host's streams at `start_step` (None at step 0).
+      num_steps: Steps of a finite run (None: endless).
+      read_threads: Threads reading a batch's documents (0: the calling thread).
+    """
+
+    def __init__(
+        self,
+        plan: GlobalPlan,
+        sources: Sequence[Any],
+        host_index: int,
+        host_count: int,
+        eod_token_id: int,
+        *,
+        start_step: int = 0,
+        cursors: Mapping[int, Cursor] | None = None,
+        num_steps: int | None = None,
+        read_threads: int = 0,
+    ):
+        super().__init__()
+        self._plan = plan
+        self._sources = list(sources)
+        self._host_index = host_index
+        self._host_count = host_count
+        self._eod = eod_token_id
+        self._start_step = start_step
+        self._cursors = dict(cursors) if cursors is not None else None
+        self._num_steps = num_steps
+        self._read_threads = read_threads
+        self._planner: HostPlanner | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_planner"] = None  # each process plans for itself
+        state["_executor"] = None
+        return state
+
+    def __len__(self) -> int:
+        if self._num_steps is None:
+            return sys.maxsize
+        return max(0, self._num_steps - self._start_step)
+
+    def _read(self, source: int, document: int) -> np.ndarray:
+        return self._sources[source][document]["tokens"]
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        step = self._start_step + int(index)
+        if self._planner is None:
+            self._planner = HostPlanner(
+                self._plan, self._host_index, self._host_count, self._cursors
+            )
+        if self._executor is None and self._read_threads > 1:
+            self._executor = futures.ThreadPoolExecutor(self._read_threads)
+        planner = self._planner
+        pieces = planner.pieces_at(step)
+        spec = self._plan.spec
+        batch = assemble_rows(
+            pieces,
+            self._read,
+            spec.row_length,
+            shift=spec.shift,
+            shift_target=spec.shift_target,
+            eod_token_id=self._eod,
+            executor=self._executor,
+        )
+        cursors = planner.cursors_at(step + 1)
+        return {
+            "batch": batch,
+            "step": np.int64(step),
+            "source_tokens": np.bincount(
+                pieces.source, weights=pieces.stop - pieces.start, minlength=len(spec.names)
+            ).astype(np.int64),
+            "cursors": np.array(
+                [[stream, *cursor.to_list()] for stream, cursor in cursors.items()], dtype=np.int64
+            ),
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"PlannedBatchDataset(host={self._host_index}/{self._host_count}, "
+            f"start_step={self._start_step})"
+        )
