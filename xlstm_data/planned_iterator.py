@@ -218,12 +218,6 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
 
     def _check_schedule(self, state: Mapping[str, Any]) -> None:
         step = int(state["step"])
-        streams = int(state["streams"])
-        if streams != self.plan.streams:
-            raise DataCheckpointError(
-                f"the checkpoint's plan has {streams} logical streams but this run's has "
-                f"{self.plan.streams}; set data.logical_streams={streams} to resume it"
-            )
         saved = BatchSizeSchedule(int(state["global_batch_size"]), state["batch_schedule"])
         mine = self.plan.spec.batch
         changed = [
@@ -238,6 +232,12 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"trained step {first} (saved {saved.global_batch_size_at(first)} rows, now "
                 f"{mine.global_batch_size_at(first)}); only stages after the checkpoint's step "
                 f"{step} may change"
+            )
+        streams = int(state["streams"])
+        if streams != self.plan.streams:
+            raise DataCheckpointError(
+                f"the checkpoint's plan has {streams} logical streams but this run's has "
+                f"{self.plan.streams}; set data.logical_streams={streams} to resume it"
             )
 
 

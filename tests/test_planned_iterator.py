@@ -1,0 +1,155 @@
+"""The planned iterator: workers change speed only, positions move between layouts.
+
+Run in this process with 4 CPU devices (conftest); worker processes are real.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xlstm_data import create_mesh, iterators_from_config
+from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.plan.streams import HostPlanner
+
+DATA = {
+    "train": {
+        "a": {"kind": "synthetic", "num_documents": 300, "mean_length": 80},
+        "b": {"kind": "synthetic", "num_documents": 200, "mean_length": 20, "seed": 1},
+    },
+    "global_batch_size": 8,
+    "max_target_length": 64,
+    "rampup": [[0, 0.5], [3, 1]],
+    "mixture_schedule": [[0, {"a": 1, "b": 1}], [4, {"a": 1, "b": 3}]],
+    "block_documents": 64,
+}
+
+
+def _host(batch) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in batch.to_dict().items()}
+
+
+def _take(iterator, steps: int) -> list[dict[str, np.ndarray]]:
+    return [_host(next(iterator)) for _ in range(steps)]
+
+
+def _assert_same(a, b) -> None:
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=f"step {step} {key}")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    train, _ = iterators_from_config(DATA, create_mesh())
+    try:
+        return _take(train, 9)
+    finally:
+        train.close()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_worker_count_changes_nothing_and_a_position_moves_between_counts(reference, workers):
+    mesh = create_mesh()
+    with_workers, _ = iterators_from_config({**DATA, "worker_count": workers}, mesh)
+    try:
+        _assert_same(_take(with_workers, 4), reference[:4])
+        state = with_workers.get_state()
+    finally:
+        with_workers.close()
+    inline, _ = iterators_from_config(DATA, mesh)
+    try:
+        inline.set_state(state)
+        _assert_same(_take(inline, 5), reference[4:])
+        back = inline.get_state()
+    finally:
+        inline.close()
+    again, _ = iterators_from_config({**DATA, "worker_count": workers}, mesh)
+    try:
+        state_at_4 = dict(back, step=4, cursors=state["cursors"])
+        again.set_state(state_at_4)
+        _assert_same(_take(again, 5), reference[4:])
+    finally:
+        again.close()
+
+
+def test_rows_hold_exactly_the_planned_pieces_of_the_documents():
+    train, _ = iterators_from_config(DATA, create_mesh())
+    try:
+        batches = _take(train, 5)
+        planner = HostPlanner(train.plan, 0, 1)
+        sources = [train.sources[name] for name in train.plan.spec.names]
+    finally:
+        train.close()
+    eod = 1  # the byte tokenizer's
+    for step, batch in enumerate(batches):
+        pieces = planner.pieces_at(step)
+        assert pieces.rows == batch["inputs"].shape[0]
+        for row in range(pieces.rows):
+            col = 0
+            for segment, (source, doc, start, stop) in enumerate(pieces.row_list(row), 1):
+                stream = np.concatenate([sources[source][doc]["tokens"], [eod]])
+                cols = slice(col, col + stop - start)
+                np.testing.assert_array_equal(batch["inputs"][row, cols], stream[start:stop])
+                np.testing.assert_array_equal(
+                    batch["targets"][row, cols], stream[start + 1 : stop + 1]
+                )
+                assert (batch["inputs_segmentation"][row, cols] == segment).all()
+                np.testing.assert_array_equal(
+                    batch["targets_position"][row, cols], np.arange(stop - start)
+                )
+                col += stop - start
+            for key in ("inputs", "targets", "inputs_segmentation", "targets_position"):
+                assert (batch[key][row, col:] == 0).all()
+
+
+def test_a_position_from_another_plan_is_refused():
+    mesh = create_mesh()
+    train, _ = iterators_from_config(DATA, mesh)
+    try:
+        next(train)
+        state = train.get_state()
+    finally:
+        train.close()
+    other, _ = iterators_from_config({**DATA, "rampup": [[0, 1.0]]}, mesh)
+    try:
+        with pytest.raises(DataConfigError, match="already trained step 0"):
+            other.set_state(state)
+        with pytest.raises(DataCheckpointError, match="streaming pipeline"):
+            other.set_state({"format_version": 1, "step": 3})
+    finally:
+        other.close()
+    same, _ = iterators_from_config(DATA, mesh)
+    try:
+        with pytest.raises(DataCheckpointError, match="data.logical_streams=2"):
+            same.set_state(dict(state, streams=2))
+    finally:
+        same.close()
+
+
+@pytest.mark.parametrize("packing", ["best_fit", "first_fit", "concat", "none"])
+@pytest.mark.parametrize("rampup", [None, [[0, 0.5], [2, 1.0]]])
+def test_exact_epoch_length_equals_the_batches_yielded(packing, rampup):
+    data = {
+        "train": {"a": {"kind": "synthetic", "num_documents": 120, "mean_length": 40}},
+        "eval": {"e": {"kind": "synthetic", "num_documents": 37, "seed": 4}},
+        "global_batch_size": 8,
+        "max_target_length": 32,
+        "num_epochs": 2,
+        "packing": packing,
+        "rampup": rampup,
+    }
+    train, evals = iterators_from_config(data, create_mesh())
+    try:
+        assert train.epoch_length.exact
+        yielded = sum(1 for _ in train)
+        assert yielded == train.epoch_length.steps == train.iterator_length > 0
+        evaluation = evals["e"]
+        assert evaluation.epoch_length.exact
+        assert sum(1 for _ in evaluation) == evaluation.iterator_length
+        assert sum(1 for _ in evaluation) == evaluation.iterator_length  # again, after reset
+    finally:
+        train.close()
+        evals["e"].close()
