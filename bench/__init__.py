@@ -8,4 +8,4 @@ is the command line (`python -m bench.run`, `xlstm-data bench`). Results are
 figures, not pass/fail: each JSON states its targets with a boolean `met`.
 """
 
-BENCHMARKS = ("throughput", "packing", "resume", "loop_wait", "memory")
+BENCHMARKS = ("throughput", "packing", "resume", "loop_wait", "memory", "plan")
