@@ -32,8 +32,20 @@ MULTIHOST = (
     "--coordinator=10.0.0.1:1234 --num_processes=4 --process_id=$RANK"
 )
 
+ELASTIC_FIRST = (
+    "python -m trainer_hooks.train --config=configs/demo.py --workdir=/tmp/elastic "
+    "--cpu_devices=2 --config.num_train_steps=20 --config.checkpoint.every_steps=10"
+)
+ELASTIC_SECOND = (
+    "python -m trainer_hooks.train --config=configs/demo.py --workdir=/tmp/elastic "
+    "--cpu_devices=2 --config.num_train_steps=30 --config.checkpoint.every_steps=10 "
+    "--coordinator=127.0.0.1:1234 --num_processes=2 --process_id=$RANK"
+)
+
 #: Documented command -> "tests.module::test" that runs it.
 COVERED_BY = {
+    ELASTIC_FIRST: "tests.test_elastic_resume::test_readme_elastic_commands_as_written",
+    ELASTIC_SECOND: "tests.test_elastic_resume::test_readme_elastic_commands_as_written",
     "make demo": "tests.test_documented_commands::test_make_demo",
     "make test": ".ci/run (CI runs the suite with it)",
     PREPARE: "tests.test_documented_commands::test_readme_prepare_command",

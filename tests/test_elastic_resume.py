@@ -63,3 +63,20 @@ def test_a_checkpoint_resumes_on_3_and_on_1_process_with_identical_global_batche
         got = batches(resumed)
         for step in range(SAVED_AT + 1, STEPS + 1):
             assert got[step] == expected[step], f"step {step} differs on {processes} processes"
+
+
+def test_readme_elastic_commands_as_written(tmp_path):
+    """The README's demo trained on 1 process, then continued on 2."""
+    from tests.test_documented_commands import ELASTIC_FIRST, ELASTIC_SECOND
+
+    workdir = tmp_path / "elastic"
+    first = ELASTIC_FIRST.replace("/tmp/elastic", str(workdir)).split()[3:]
+    run_train(*first)
+    second = ELASTIC_SECOND.replace("/tmp/elastic", str(workdir)).split()[3:]
+    second = [a for a in second if not a.startswith(("--coordinator=", "--num_processes="))]
+    run_train_processes(2, *second)
+    steps = [r for r in batches(workdir)]
+    assert steps == list(range(1, 31))
+    log = (workdir / "batches.jsonl").read_text().splitlines()
+    numbered = [json.loads(line)["step"] for line in log if line.endswith("}")]
+    assert numbered == list(range(1, 31)), "the second run resumed at step 21, not over"
