@@ -85,6 +85,12 @@ def make_grain_llm_dataset(
 ) -> grain.IterDataset:
     """Creates one host's grain pipeline of LLM rows (not yet batched).
 
+    The streaming path: use it for pipelines whose document lengths are
+    unknown or that need arbitrary grain `operations`. Its position is a grain
+    state bound to the process and worker count. Config-driven runs use the
+    planned path (`iterators_from_config`), whose order is a pure function of
+    (config, seed, step) and which resumes on any process or worker count.
+
     Documents are sharded contiguously over hosts, shuffled with a seed that
     changes every epoch, repeated `num_epochs` times (forever if None), passed
     through `operations`, split into chunks of at most `max_target_length`
@@ -215,6 +221,12 @@ def make_grain_multihost_iterator(
     batch_axis_names: str | Sequence[str] | None = None,
 ) -> MultiHostDataLoadIterator:
     """Batches host pipelines and wraps them in a `MultiHostDataLoadIterator`.
+
+    The streaming path: use it for pipelines whose document lengths are
+    unknown or that need arbitrary grain `operations`. Its position is a grain
+    state bound to the process and worker count. Config-driven runs use the
+    planned path (`iterators_from_config`), whose order is a pure function of
+    (config, seed, step) and which resumes on any process or worker count.
 
     Args:
       grain_datasets: Row pipelines from `make_grain_llm_dataset`: one, a
@@ -350,6 +362,12 @@ def make_grain_llm_iterator(
     batch_axis_names: str | Sequence[str] | None = None,
 ) -> MultiHostDataLoadIterator:
     """Builds the host pipeline and the multi-host iterator in one call.
+
+    The streaming path: use it for pipelines whose document lengths are
+    unknown or that need arbitrary grain `operations`. Its position is a grain
+    state bound to the process and worker count. Config-driven runs use the
+    planned path (`iterators_from_config`), whose order is a pure function of
+    (config, seed, step) and which resumes on any process or worker count.
 
     The data-loading host index and count come from the mesh; if given, they
     must agree with it (pass None to take them from the mesh). See
