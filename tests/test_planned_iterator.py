@@ -153,3 +153,9 @@ def test_exact_epoch_length_equals_the_batches_yielded(packing, rampup):
     finally:
         train.close()
         evals["e"].close()
+
+
+def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
+    data = {**DATA, "global_batch_size": 6, "rampup": None, "mixture_schedule": None}
+    with pytest.raises(DataConfigError, match=r"Valid data-parallel sizes: \[1, 2, 3, 6\]"):
+        iterators_from_config(data, create_mesh())

@@ -10,6 +10,7 @@ lengths loaded, before any document is read.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,6 +116,7 @@ def iterators_from_config(
     """
     cfg: DataConfig = validate_data_config(data_config)
     layout = data_host_layout(mesh, batch_axis_names)
+    _check_layout_divides(cfg, layout)
     BatchSizeSchedule(
         cfg.global_batch_size,
         cfg.rampup,
@@ -171,6 +173,27 @@ def iterators_from_config(
             **common,
         )
     return train, evals
+
+
+def _check_layout_divides(cfg: DataConfig, layout: Any) -> None:
+    """Names the layouts that work when a stage's batch does not divide over this one."""
+    batches = [
+        s.global_batch_size
+        for s in BatchSizeSchedule(cfg.global_batch_size, cfg.rampup, key="data.rampup").stages()
+    ]
+    common = math.gcd(*batches)
+    if common % layout.data_parallel_size == 0:
+        return
+    valid = [d for d in range(1, common + 1) if common % d == 0]
+    per_host = layout.data_parallel_size // layout.host_count
+    hosts = [d // per_host for d in valid if d % per_host == 0]
+    raise DataConfigError(
+        f"data.global_batch_size={cfg.global_batch_size} with data.rampup "
+        f"{cfg.rampup.to_pairs()} gives stage batches {batches}, which do not all divide over "
+        f"this mesh's data-parallel size {layout.data_parallel_size} ({layout.host_count} data "
+        f"hosts x {per_host} batch shards each). Valid data-parallel sizes: {valid}"
+        + (f"; with {per_host} shards per host, {hosts} data hosts" if hosts else "")
+    )
 
 
 def _open(key: str, spec: SourceConfig) -> Any:
