@@ -348,3 +348,20 @@ def test_the_plan_depends_on_neither_host_count_nor_planning_history():
     for step in range(8):
         a.pieces_at(step)
     _same(a.pieces_at(8).row_slice(60, 120), b.pieces_at(8))
+
+
+def test_a_plan_sent_to_a_worker_maps_its_lengths_instead_of_copying_them(tmp_path):
+    import pickle
+
+    big = np.tile(SOURCES["a"], 200)
+    np.save(tmp_path / "lengths.npy", big)
+    mapped = np.load(tmp_path / "lengths.npy", mmap_mode="r")
+    plan = make_plan("constant", "best_fit")
+    plan = GlobalPlan(plan.spec, [mapped, SOURCES["b"]])
+    HostPlanner(plan, 0, 1).pieces_at(2)  # fills the order caches
+    payload = pickle.dumps(plan)
+    assert len(payload) < big.nbytes / 10
+    copy = pickle.loads(payload)
+    assert isinstance(copy.lengths[0], np.memmap)
+    for step in range(3):
+        _same(HostPlanner(copy, 0, 1).pieces_at(step), HostPlanner(plan, 0, 1).pieces_at(step))

@@ -52,6 +52,10 @@ class SourceOrder:
             self._epochs[epoch] = permutation
         return permutation
 
+    def without_cache(self) -> SourceOrder:
+        """The same order with no cached tables (cheap to pickle)."""
+        return SourceOrder(self.num_documents, self._seed, self._name, self._shuffle)
+
     def documents(self, positions: np.ndarray) -> np.ndarray:
         """Document index at each position (int64 array in, int64 array out)."""
         positions = np.asarray(positions, dtype=np.int64)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class GlobalPlan:
         if len(lengths) != len(spec.names):
             raise ValueError(f"{len(lengths)} length arrays for {len(spec.names)} sources")
         self.spec = spec
-        self.lengths = [np.asarray(x) for x in lengths]
+        self.lengths = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in lengths]
         means = []
         for name, array in zip(spec.names, self.lengths, strict=True):
             if len(array) == 0:
@@ -87,6 +88,20 @@ class GlobalPlan:
             for weights in spec.mixture.weights
         ]
         self._total_rows: list[int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Worker processes get memory-mapped lengths as their file, not a copy."""
+        state = dict(self.__dict__)
+        state["lengths"] = [_MappedLengths.wrap(array) for array in self.lengths]
+        state["orders"] = [order.without_cache() for order in self.orders]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["lengths"] = [
+            array.open() if isinstance(array, _MappedLengths) else array
+            for array in state["lengths"]
+        ]
+        self.__dict__.update(state)
 
     # Geometry ---------------------------------------------------------------
 
@@ -259,6 +274,27 @@ class GlobalPlan:
         if self.spec.drop_remainder:
             return batch.step_for_examples(min(totals) * self.streams + 1) - 1
         return batch.step_for_examples(max(totals) * self.streams)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MappedLengths:
+    """A memory-mapped lengths array, pickled as its file (re-mapped on load)."""
+
+    filename: str
+    dtype: str
+    offset: int
+    shape: tuple[int, ...]
+
+    @classmethod
+    def wrap(cls, array: np.ndarray) -> np.ndarray | _MappedLengths:
+        if not isinstance(array, np.memmap) or array.filename is None:
+            return array
+        return cls(array.filename, array.dtype.str, array.offset, array.shape)
+
+    def open(self) -> np.ndarray:
+        return np.memmap(
+            self.filename, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape
+        )
 
 
 class StreamPlanner:
