@@ -207,12 +207,20 @@ class DataConfig:
 
     @property
     def mixed_names(self) -> tuple[str, ...]:
-        """Train datasets with a weight > 0 in some stage (the ones the plan reads)."""
+        """Train datasets with a weight > 0 in some stage (the ones the plan reads).
+
+        Sorted by name, not in declaration order: the plan (which source index
+        a block's documents and a saved cursor's counts refer to) must not
+        depend on the order of `data.train`, so reordering datasets in a config
+        changes no batch and a checkpoint resumes under the reordered config.
+        """
         mixture = self.mixture
         return tuple(
-            name
-            for i, name in enumerate(mixture.names)
-            if any(weights[i] > 0 for weights in mixture.weights)
+            sorted(
+                name
+                for i, name in enumerate(mixture.names)
+                if any(weights[i] > 0 for weights in mixture.weights)
+            )
         )
 
     @property

@@ -1,11 +1,16 @@
 """How many global batches a finite (epoch-based) run yields, before reading data.
 
-Without packing the count is exact: it follows from the document lengths
-(chunking is deterministic), the host shards, the ramp-up schedule and
-`drop_remainder`. With packing, how many rows first-fit fills depends on the
-order of documents, so the count is an estimate (total tokens / row length,
-a lower bound) and is marked as such; the iterator then runs until the data
-really ends rather than stopping at a guess.
+On the config path (`iterators_from_config`) the count comes from the data
+plan (`GlobalPlan.num_steps`), which packs on document lengths alone: it is
+exact with every `data.packing` mode, for train and eval, and recorded as an
+`EpochLength(steps, exact=True)`.
+
+`epoch_length` below counts for the streaming pipeline's layout (contiguous
+host shards). Without packing the count is exact: it follows from the
+document lengths (chunking is deterministic), the host shards, the ramp-up
+schedule and `drop_remainder`. With streaming first-fit packing, how many
+rows are filled depends on the order of documents, so the count is an
+estimate (total tokens / row length, a lower bound) and is marked as such.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ class EpochLength:
 
     Attributes:
       steps: Number of global batches the run yields.
-      exact: False when `steps` is an estimate (packing).
+      exact: False when `steps` is an estimate (streaming packing); the plan's
+        counts are always exact.
     """
 
     steps: int

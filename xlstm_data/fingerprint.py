@@ -4,8 +4,9 @@ The data position saved in a checkpoint only means something for the data
 config that produced it. Each checkpoint stores the flattened config and its
 hash; a restore compares them key by key and names every changed key, so an
 accidental edit is refused and an intended one can be allowed explicitly.
-Keys that do not change the training stream (eval sets, prefetch and read-ahead) are
-left out, so adding an eval set never blocks a resume.
+Keys that do not change the training stream (eval sets, prefetch, reading threads and
+worker processes, which compute whole steps of the plan) are left out, so adding an eval
+set or changing the worker count never blocks a resume.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ KEYS_OUTSIDE_FINGERPRINT = (
     "prefetch",
     "worker_buffer_size",
     "read_threads",
-    "read_buffer_size",
+    # Workers compute whole steps of the plan: they change speed, never data.
+    "worker_count",
 )
 
 
@@ -41,9 +43,14 @@ def flat_data_config(
         `data.train.<name>.documents` so a path glob that now matches other
         files shows up as a change.
     """
-    config = validate_data_config(data_config).to_json_dict()
+    validated = validate_data_config(data_config)
+    config = validated.to_json_dict()
     for key in KEYS_OUTSIDE_FINGERPRINT:
         config.pop(key, None)
+    if validated.mixture_schedule is None:
+        # Derived from data.train.<name>.weight, which are recorded: a weight change
+        # is one changed key (allowed by "data.train.*.weight"), not two.
+        config.pop("mixture_schedule", None)
     for name, count in (source_documents or {}).items():
         config["train"][name]["documents"] = int(count)
     return dict(_flatten("data", json.loads(json.dumps(config))))

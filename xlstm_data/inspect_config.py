@@ -70,6 +70,23 @@ def _source_counts(source: Any) -> tuple[int, int, bool]:
     return documents, int(mean * documents), False
 
 
+def _token_shares(
+    mixture: Any, weights: Any, counts: dict[str, tuple], unit: str
+) -> dict[str, float]:
+    """Expected token share of each source under one stage's weights.
+
+    Token-weighted mixtures (the default) give each source its weight's share
+    of the tokens; document-weighted ones its weight times its mean document
+    length, normalised.
+    """
+    shares = {}
+    for name, weight in zip(mixture.names, weights, strict=True):
+        _, documents, tokens, _ = counts[name]
+        shares[name] = weight if unit == "tokens" else weight * tokens / max(documents, 1)
+    total = sum(shares.values())
+    return {n: (s / total if total else 0.0) for n, s in shares.items()}
+
+
 def _sample_tokenizer(sources: dict[str, Any]) -> Tokenizer | None:
     """The tokenizer every train source shares and whose vocabulary covers theirs.
 
@@ -146,7 +163,7 @@ def inspect_config(
     batch_axes = config.get("mesh", {}).get("batch_axis_names")
     train, evals = iterators_from_config(config, mesh, batch_axis_names=batch_axes)
     layout = train.layout
-    weights = data.weights
+    mixture = data.mixture  # data.mixture_schedule, or the static weights as one stage
     plan: dict[str, Any] = {"config": config_path, "sources": [], "stages": []}
     print(f"config {config_path}: mesh {mesh_dims} {dict(mesh.shape)}", file=out)
     print(
@@ -154,12 +171,22 @@ def inspect_config(
         f"data-parallel size {layout.data_parallel_size}",
         file=out,
     )
-    print("\ntrain sources:", file=out)
+    counts = {}
     for spec in data.train:
         # Sources of weight 0 are not in the iterator, so open them here.
         source = train.sources[spec.name] if spec.name in train.sources else spec.build()
-        documents, tokens, exact = _source_counts(source)
-        share = weights.get(spec.name, 0.0)
+        counts[spec.name] = (source, *_source_counts(source))
+    shares = [
+        _token_shares(mixture, weights, counts, data.mixture_unit) for weights in mixture.weights
+    ]
+    print(
+        f"\ntrain sources: expected token shares of the first mixture stage (weights are "
+        f"{data.mixture_unit}-weighted):",
+        file=out,
+    )
+    for spec in data.train:
+        source, documents, tokens, exact = counts[spec.name]
+        share = shares[0][spec.name]
         vocab = getattr(source, "vocab_size", None)
         plan["sources"].append(
             {
@@ -178,6 +205,20 @@ def inspect_config(
             f"{approx}{tokens:>14,} tokens   expected share {share:6.1%}   vocab {vocab}",
             file=out,
         )
+    plan["mixture_schedule"] = [
+        [start, stage] for start, stage in zip(mixture.starts, shares, strict=True)
+    ]
+    if len(mixture.starts) > 1:
+        print("mixture stages (expected token shares):", file=out)
+        for start, stage in plan["mixture_schedule"]:
+            parts = ", ".join(f"{n} {share:.1%}" for n, share in stage.items())
+            print(f"  from step {start:>7}: {parts}", file=out)
+    spec = train.plan.spec
+    print(
+        f"packing: {spec.packing}; logical streams: {spec.streams}; "
+        f"block: {spec.block_documents} documents",
+        file=out,
+    )
     opened = {f"data.train.{name}": source for name, source in train.sources.items()}
     plan["eod_token_id"] = resolve_eod_token_id(data.eod_token_id, opened)
     print(f"end-of-document id: {plan['eod_token_id']}", file=out)
@@ -204,7 +245,7 @@ def inspect_config(
         )
     epoch = train.epoch_length
     if epoch is not None:
-        kind = "exact" if epoch.exact else "estimate (packing), the run ends at the data's end"
+        kind = "exact" if epoch.exact else "estimate, the run ends at the data's end"
         print(f"\nepoch length: {epoch.steps:,} steps ({kind})", file=out)
     elif data.num_epochs is None:
         print("\nepoch length: unbounded (datasets repeat; num_train_steps ends the run)", file=out)
