@@ -99,7 +99,8 @@ def scenario_rampup_resume(params: dict) -> dict:
         },
         "global_batch_size": 16,
         "max_target_length": 32,
-        "packing_bin_count": 8,
+        # Small planned blocks, so the restored stream cursors are past their first block.
+        "block_documents": 4,
         "rampup": [[0, 0.5], [3, 0.75], [6, 1.0]],
     }
     mesh = xd.create_mesh()
@@ -120,7 +121,13 @@ def scenario_rampup_resume(params: dict) -> dict:
             if got != rows[later]:
                 mismatches.append([step, later])
     fresh.close()
-    return {"process_index": jax.process_index(), "shapes": shapes, "mismatches": mismatches}
+    moved = sum(any(cursor[0] for cursor in s["cursors"].values()) for s in states)
+    return {
+        "process_index": jax.process_index(),
+        "shapes": shapes,
+        "mismatches": mismatches,
+        "states_past_first_block": moved,
+    }
 
 
 def scenario_pad_shapes(params: dict) -> dict:

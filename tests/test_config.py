@@ -30,7 +30,7 @@ def small_config() -> ml_collections.ConfigDict:
         spec.num_documents = 300
     config.data.global_batch_size = 8
     config.data.max_target_length = 32
-    config.data.packing_bin_count = 8
+    config.data.packing = "first_fit"
     config.data.rampup = [[0, 0.5], [4, 1.0]]
     return config
 
@@ -127,8 +127,14 @@ _DELETE = object()
         ("num_epochs", 2, r"data.num_epochs=2 cannot bound a mixture"),
         ("packing", "yes", r"data.packing='yes'"),
         ("read_threads", -1, r"data.read_threads=-1"),
-        ("read_buffer_size", 1.5, r"data.read_buffer_size=1.5"),
-        ("read_buffer_size", 0, r"data.read_buffer_size=0 is smaller than data.read_threads=2"),
+        ("read_threads", 1.5, r"data.read_threads=1.5"),
+        ("read_buffer_size", 64, r"data.read_buffer_size is no longer a data key.*read_threads"),
+        ("packing_bin_count", 8, r"data.packing_bin_count is no longer a data key.*best_fit"),
+        ("mixture_unit", "bytes", r"data.mixture_unit='bytes'"),
+        ("logical_streams", 0, r"data.logical_streams=0"),
+        ("block_documents", 0, r"data.block_documents=0"),
+        ("mixture_schedule", [[0, {"web": -1.0}]], r"data.mixture_schedule"),
+        ("mixture_schedule", [[0, {"forum": 1.0}]], r"data.mixture_schedule"),
     ],
 )
 def test_bad_values_name_their_key(path, value, match):
@@ -158,7 +164,12 @@ def test_missing_path_and_eval_name_collision(tmp_path):
 def test_stage_that_does_not_divide_over_the_mesh_is_rejected_before_reading():
     data = small_config().data.to_dict()
     data["rampup"] = [[0, 0.25], [4, 1.0]]  # 8 * 0.25 = 2 rows over 4 data-parallel devices
-    with pytest.raises(xd.DataConfigError, match=r"data.rampup.*step 0.*0.25"):
+    # The planned path names the stage batches and the data-parallel sizes that work.
+    with pytest.raises(
+        xd.DataConfigError,
+        match=r"data.rampup \[\[0, 0.25\], \[4, 1.0\]\] gives stage batches \[2, 8\].*"
+        r"data-parallel size 4.*Valid data-parallel sizes: \[1, 2\]",
+    ):
         iterators_from_config(data, xd.create_mesh())
 
 

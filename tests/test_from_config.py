@@ -178,3 +178,62 @@ def test_the_model_vocabulary_covers_train_and_eval_sources(mesh):
         model_vocab_size(258, iterators)
     for iterator in iterators:
         iterator.close()
+
+
+def _source_order(train, name: str, positions: int = 64) -> np.ndarray:
+    """The first positions of a dataset's document order in the train plan."""
+    plan = train.plan
+    return plan.orders[plan.spec.names.index(name)].documents(np.arange(positions))
+
+
+def test_reordering_datasets_or_changing_a_weight_keeps_every_other_dataset_order(mesh):
+    config = small_config()
+    train, _ = iterators_from_config(config.data, mesh)
+    names = train.plan.spec.names
+    assert names == tuple(sorted(config.data.train))  # the plan's order is by name
+    orders = {name: _source_order(train, name) for name in names}
+    batches = [to_numpy(next(train)) for _ in range(3)]
+    train.close()
+    # The datasets in reverse order: nothing changes.
+    data = config.data.to_dict()
+    data["train"] = dict(reversed(list(data["train"].items())))
+    reordered, _ = iterators_from_config(data, mesh)
+    assert reordered.plan.spec.names == names
+    for batch in batches:
+        assert_batches_equal(batch, to_numpy(next(reordered)))
+    reordered.close()
+    # One weight changed: the mix changes, no dataset's document order does.
+    data["train"][names[0]]["weight"] *= 3
+    changed, _ = iterators_from_config(data, mesh)
+    for name in names:
+        np.testing.assert_array_equal(_source_order(changed, name), orders[name], err_msg=name)
+    changed.close()
+    # The seed does change them (each order is a permutation, not the file order).
+    data["data_shuffle_seed"] = 1234
+    reseeded, _ = iterators_from_config(data, mesh)
+    for name in names:
+        assert not np.array_equal(_source_order(reseeded, name), orders[name]), name
+    reseeded.close()
+
+
+def test_a_dataset_of_weight_zero_in_every_stage_is_not_opened(mesh, monkeypatch):
+    from xlstm_data.config import SourceConfig
+
+    built = []
+    build = SourceConfig.build
+    monkeypatch.setattr(SourceConfig, "build", lambda self: built.append(self.name) or build(self))
+    config = small_config()
+    names = list(config.data.train)
+    data = config.data.to_dict()
+    data["train"][names[0]]["weight"] = 0.0
+    train, _ = iterators_from_config(data, mesh)
+    assert names[0] not in train.sources and names[0] not in train.plan.spec.names
+    train.close()
+    assert names[0] not in built and set(names[1:]) <= set(built)
+    # Off in the first stage but on in a later one: opened.
+    built.clear()
+    data["mixture_schedule"] = [[0, {names[1]: 1.0}], [5, {names[0]: 1.0, names[1]: 1.0}]]
+    train, _ = iterators_from_config(data, mesh)
+    assert names[0] in train.sources and names[0] in built
+    assert names[2] not in built  # weight 0 in both stages
+    train.close()

@@ -46,6 +46,27 @@ def test_plan_matches_the_config(tmp_path):
     assert plan["stages"][0]["tokens_per_step"] == 8 * 128
     assert 0 <= plan["padding_fraction"] < 0.2
     assert sum(plan["measured_shares"].values()) == pytest.approx(1.0)
+    # Mixture weights are token-weighted: the measured token shares follow them.
+    assert plan["measured_shares"] == pytest.approx({"code": 0.7, "prose": 0.3}, abs=0.03)
+    assert plan["mixture_schedule"] == [[0, pytest.approx({"code": 0.7, "prose": 0.3})]]
+
+
+def test_plan_shows_the_mixture_schedule_not_the_static_weights(tmp_path):
+    import io
+
+    config = load_config(str(CONFIGS[[p.stem for p in CONFIGS].index("demo")]))
+    config.data.train.code.max_files = 10
+    config.data.train.prose.max_files = 10
+    config.data.mixture_schedule = [[0, {"code": 1, "prose": 1}], [50, {"prose": 1}]]
+    out = io.StringIO()
+    plan = inspect_config(config, png=str(tmp_path / "p.png"), plot_steps=2, out=out)
+    assert [s["expected_share"] for s in plan["sources"]] == [0.5, 0.5]
+    assert plan["mixture_schedule"] == [
+        [0, {"code": 0.5, "prose": 0.5}],
+        [50, {"code": 0.0, "prose": 1.0}],
+    ]
+    assert "from step      50: code 0.0%, prose 100.0%" in out.getvalue()
+    assert "packing: best_fit" in out.getvalue()
 
 
 def test_bad_override_and_missing_config_are_named(tmp_path, capsys):

@@ -69,7 +69,12 @@ def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
         "--config.model.vocab_size=300",
         # A source option the file leaves out, and a typed key set back to unset.
         "--config.data.train.synthetic.mean_length=50.0",
-        "--config.data.packing_bin_count=None",
+        "--config.data.logical_streams=None",
+        # The plan's keys, none of them in the file.
+        "--config.data.packing=first_fit",
+        "--config.data.block_documents=256",
+        "--config.data.mixture_unit=documents",
+        "--config.data.mixture_schedule=[[0, {'synthetic': 1.0}]]",
     )
     assert "final_step: 4" in out
     assert [row["batch_size"] for row in batch_log(tmp_path / "run")] == [4, 4, 16, 16]
@@ -97,6 +102,12 @@ def test_an_unknown_override_is_refused_by_name(tmp_path):
         tmp_path, REPO / "configs" / "demo.py", "--config.data.train.code.prat=code", expect=1
     )
     assert "data.train.code has unknown keys ['prat']" in error
+    # A key of the streaming pipeline is named with what replaces it.
+    error = train(
+        tmp_path, REPO / "configs" / "demo.py", "--config.data.packing_bin_count=8", expect=1
+    )
+    assert "data.packing_bin_count is no longer a data key" in error
+    assert "data.block_documents" in error and "Traceback" not in error
 
 
 def test_train_writes_tensorboard_events_with_the_component_shares(tmp_path):
