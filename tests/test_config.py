@@ -167,8 +167,8 @@ def test_stage_that_does_not_divide_over_the_mesh_is_rejected_before_reading():
     # The planned path names the stage batches and the data-parallel sizes that work.
     with pytest.raises(
         xd.DataConfigError,
-        match=r"data.rampup \[\[0, 0.25\], \[4, 1.0\]\] gives stage batches \[2, 8\].*"
-        r"data-parallel size 4.*Valid data-parallel sizes: \[1, 2\]",
+        match=r"data.rampup: stage at step 0 has factor 0.25.* = 2, which is not divisible by "
+        r"this mesh's data-parallel size 4.*\(\[2, 8\]\) divides over data-parallel sizes \[1, 2\]",
     ):
         iterators_from_config(data, xd.create_mesh())
 

@@ -157,5 +157,15 @@ def test_exact_epoch_length_equals_the_batches_yielded(packing, rampup):
 
 def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
     data = {**DATA, "global_batch_size": 6, "rampup": None, "mixture_schedule": None}
-    with pytest.raises(DataConfigError, match=r"Valid data-parallel sizes: \[1, 2, 3, 6\]"):
+    with pytest.raises(DataConfigError, match=r"divides over data-parallel sizes \[1, 2, 3, 6\]"):
         iterators_from_config(data, create_mesh())
+
+
+def test_saved_cursors_follow_datasets_by_name_when_the_datasets_change():
+    from xlstm_data.planned_iterator import _cursors_by_name
+
+    state = {"sources": ["a", "b"], "cursors": {"0": [3, 40, 7, 9, -5, -2]}}
+    assert _cursors_by_name(state, ["b"]) == {"0": [3, 40, 9, -2]}
+    assert _cursors_by_name(state, ["a", "b", "c"]) == {"0": [3, 40, 7, 9, 0, -5, -2, 0]}
+    with pytest.raises(DataCheckpointError, match="corrupted"):
+        _cursors_by_name({"sources": ["a"], "cursors": {"0": [3, 40, 7]}}, ["a"])

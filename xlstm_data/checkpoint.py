@@ -12,9 +12,12 @@ by `max_to_keep`. Use it inside a composite::
 
 Each process writes `process_<i>-of-<n>.json`: a header (our format version,
 grain's version, the process index and count, the data step and a fingerprint
-of the data config) and its iterator state. A restore refuses what would
-silently resume the wrong data: another process count, or a changed data
-config unless the change is explicitly allowed.
+of the data config) and its iterator state. A planned iterator's state (the
+config path) is the step and its logical streams' cursors, so a restore on
+another process count reads every saving process's file and merges their
+cursors. A restore refuses what would silently resume the wrong data: a
+changed data config unless the change is explicitly allowed, and, for the
+streaming iterator of the reference factories, another process count.
 """
 
 from __future__ import annotations
@@ -152,9 +155,9 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             hint = ""
             if changed:
                 hint = (
-                    f"; the allowed config changes ({', '.join(changed)}) change the pipeline's "
-                    "structure (a dataset whose weight became 0 is removed from the mix), "
-                    "which a saved position cannot carry over"
+                    f"; the allowed config changes ({', '.join(changed)}) may change the "
+                    "pipeline's structure, which a streaming pipeline's saved position cannot "
+                    "carry over"
                 )
             raise DataCheckpointError(
                 f"the data state in {path} (data step {header.get('step')}, grain "

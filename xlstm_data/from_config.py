@@ -177,22 +177,24 @@ def iterators_from_config(
 
 def _check_layout_divides(cfg: DataConfig, layout: Any) -> None:
     """Names the layouts that work when a stage's batch does not divide over this one."""
-    batches = [
-        s.global_batch_size
-        for s in BatchSizeSchedule(cfg.global_batch_size, cfg.rampup, key="data.rampup").stages()
-    ]
-    common = math.gcd(*batches)
-    if common % layout.data_parallel_size == 0:
+    stages = BatchSizeSchedule(cfg.global_batch_size, cfg.rampup, key="data.rampup").stages()
+    dp = layout.data_parallel_size
+    bad = next((s for s in stages if s.global_batch_size % dp), None)
+    if bad is None:
         return
+    common = math.gcd(*(s.global_batch_size for s in stages))
     valid = [d for d in range(1, common + 1) if common % d == 0]
-    per_host = layout.data_parallel_size // layout.host_count
+    per_host = dp // layout.host_count
     hosts = [d // per_host for d in valid if d % per_host == 0]
     raise DataConfigError(
-        f"data.global_batch_size={cfg.global_batch_size} with data.rampup "
-        f"{cfg.rampup.to_pairs()} gives stage batches {batches}, which do not all divide over "
-        f"this mesh's data-parallel size {layout.data_parallel_size} ({layout.host_count} data "
-        f"hosts x {per_host} batch shards each). Valid data-parallel sizes: {valid}"
-        + (f"; with {per_host} shards per host, {hosts} data hosts" if hosts else "")
+        f"data.rampup: stage at step {bad.start_step} has factor {bad.factor!r}, giving a stage "
+        f"batch of data.global_batch_size {cfg.global_batch_size} * {bad.factor!r} = "
+        f"{bad.global_batch_size}, which is not divisible by this mesh's data-parallel size "
+        f"{dp} ({layout.host_count} data hosts x {per_host} batch shards each). Every stage "
+        f"batch ({[s.global_batch_size for s in stages]}) divides over data-parallel sizes "
+        f"{valid}"
+        + (f", i.e. {hosts} data hosts of {per_host} shards" if hosts else "")
+        + "; or change data.global_batch_size or data.rampup"
     )
 
 

@@ -172,6 +172,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             "kind": PLAN_STATE_KIND,
             "step": self.step_counter,
             "streams": self.plan.streams,
+            "sources": list(self.plan.spec.names),
             "cursors": {str(s): list(c) for s, c in cursors.items()},
             "batch_schedule": self.plan.spec.batch.rampup.to_pairs(),
             "global_batch_size": self.plan.spec.batch.global_batch_size,
@@ -210,7 +211,8 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"{missing}, which data host {self.layout.host_index} of "
                 f"{self.layout.host_count} reads; the checkpoint is missing process files"
             )
-        self._restart({"step": step, "cursors": state["cursors"]})
+        remapped = _cursors_by_name(state, self.plan.spec.names)
+        self._restart({"step": step, "cursors": remapped})
         counters = state.get("data_counters")
         if counters is not None:
             self.data_counters.set_state(counters)
@@ -266,6 +268,40 @@ def merge_plan_states(states: Sequence[Mapping[str, Any]], process_index: int) -
     if not same_layout:
         logging.info("data counters start over: the process layout changed on restore")
     return merged
+
+
+def _cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str, list[int]]:
+    """The saved cursors with their per-dataset counts in this plan's dataset order.
+
+    A cursor's counts follow the saving run's datasets (`state["sources"]`);
+    an allowed change of the datasets (one added, or one whose weight became 0
+    in every stage and is no longer read) must not hand one dataset's position
+    to another. A dataset new to the plan starts at its beginning.
+    """
+    saved = list(state.get("sources") or names)
+    width = 2 + 2 * len(saved)
+    out = {}
+    for stream, values in state["cursors"].items():
+        if len(values) != width:
+            raise DataCheckpointError(
+                f"the saved cursor of logical stream {stream} holds {len(values)} values, not "
+                f"{width} for the datasets {saved}; the data-state file is corrupted"
+            )
+        taken = dict(zip(saved, values[2 : 2 + len(saved)], strict=True))
+        credit = dict(zip(saved, values[2 + len(saved) :], strict=True))
+        out[stream] = [
+            *values[:2],
+            *(taken.get(name, 0) for name in names),
+            *(credit.get(name, 0) for name in names),
+        ]
+    added, dropped = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
+    if added or dropped:
+        logging.warning(
+            "resuming with other datasets: %s start at their beginning; %s are no longer read",
+            added or "none",
+            dropped or "none",
+        )
+    return out
 
 
 def _cursors_from(state: Mapping[str, Any]) -> dict[int, Cursor]:
