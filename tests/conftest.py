@@ -22,6 +22,29 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory):
+    """`uninterrupted_run(n)`: the workdir of a 30-step `tests/train_config.py` run, n processes.
+
+    Run once per process count for the whole session: the kill/resume and the
+    pre-emption tests compare their resumed runs with the same reference.
+    """
+    from tests.test_train_resume import launch, wait_all
+
+    done = {}
+
+    def run(num_processes: int):
+        if num_processes not in done:
+            workdir = tmp_path_factory.mktemp(f"uninterrupted_{num_processes}") / "reference"
+            workdir.mkdir()
+            wait_all(launch(workdir, num_processes))
+            done[num_processes] = workdir
+        return done[num_processes]
+
+    return run

@@ -34,7 +34,7 @@ def run_processes(
 ) -> list[Any]:
     """Runs `scenario` in `num_processes` processes and returns their results."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = subprocess_env(num_processes)
     procs = []
     for pid in range(num_processes):
         out = tmp_path / f"result_{scenario}_{pid}.json"
@@ -66,9 +66,26 @@ def run_processes(
     return [json.loads(out.read_text()) for _, out in procs]
 
 
-def subprocess_env() -> dict[str, str]:
-    """The environment of a fresh interpreter on this checkout, CPU only."""
-    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+#: JAX's persistent compilation cache settings (see conftest).
+COMPILATION_CACHE_VARS = (
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+)
+
+
+def subprocess_env(num_processes: int = 1) -> dict[str, str]:
+    """The environment of a fresh interpreter on this checkout, CPU only.
+
+    Runs of several `jax.distributed` processes get no persistent compilation
+    cache: with it, 2 of ~20 two-process runs hung in their final orbax save
+    (never seen without it), so only single-process runs use it.
+    """
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    if num_processes > 1:
+        for name in COMPILATION_CACHE_VARS:
+            env.pop(name, None)
+    return env
 
 
 def run_train(*args: str, expect: int = 0, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -105,7 +122,7 @@ def run_train_processes(
                 f"--num_processes={num_processes}",
                 "--initialization_timeout=60",
             ],
-            env=subprocess_env(),
+            env=subprocess_env(num_processes),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

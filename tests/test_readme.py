@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiprocess import REPO, free_port
+from tests.multiprocess import REPO, free_port, subprocess_env
 
 README = REPO / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -69,7 +69,7 @@ def run_block(
 ) -> list[dict]:
     """Runs `block` in `num_processes` fresh interpreters; returns their JSON results."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = subprocess_env(num_processes)
     procs = []
     for pid in range(num_processes):
         out = tmp_path / f"{tag}_{pid}.json"

@@ -12,7 +12,6 @@ every logged step must match the uninterrupted run: the batch fingerprint
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.multiprocess import REPO, free_port
+from tests.multiprocess import REPO, free_port, subprocess_env
 
 CONFIG = REPO / "tests" / "train_config.py"
 STEPS = 30
@@ -28,7 +27,7 @@ CHECKPOINT_EVERY = 4
 
 
 def launch(workdir: Path, num_processes: int, *flags: str) -> list[subprocess.Popen]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = subprocess_env(num_processes)
     port = free_port()
     procs = []
     for pid in range(num_processes):
@@ -127,15 +126,8 @@ def check_resume_matches(reference: Path, resumed: Path, killed_at: int) -> None
     assert committed_steps(resumed) == [28, 30]  # max_to_keep=2
 
 
-def uninterrupted(tmp_path: Path, num_processes: int) -> Path:
-    workdir = tmp_path / "reference"
-    workdir.mkdir()
-    wait_all(launch(workdir, num_processes))
-    return workdir
-
-
-def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path):
-    reference = uninterrupted(tmp_path, 1)
+def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted_run):
+    reference = uninterrupted_run(1)
     resumed, killed_at = run_killed_then_resumed(tmp_path, 1, seed=0)
     check_resume_matches(reference, resumed, killed_at)
     metrics = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
@@ -152,8 +144,8 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path):
     assert [r["step"] for r in records(resumed)[-4:]] == [31, 32, 33, 34]
 
 
-def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path):
-    reference = uninterrupted(tmp_path, 2)
+def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path, uninterrupted_run):
+    reference = uninterrupted_run(2)
     resumed, killed_at = run_killed_then_resumed(tmp_path, 2, seed=1)
     check_resume_matches(reference, resumed, killed_at)
     data_files = {p.name for p in (resumed / "checkpoints" / "30" / "data").glob("*.json")}
