@@ -14,19 +14,13 @@ from concurrent import futures
 
 import numpy as np
 
+from xlstm_data.batch import LLM_BATCH_FIELDS
 from xlstm_data.plan.pieces import Pieces, _ranges
 
 #: Reads document `document` of plan source `source` as int32 tokens.
 ReadDocument = Callable[[int, int], np.ndarray]
 
-FIELDS = (
-    "inputs",
-    "targets",
-    "inputs_segmentation",
-    "targets_segmentation",
-    "inputs_position",
-    "targets_position",
-)
+FIELDS = LLM_BATCH_FIELDS
 
 
 def _example_stream(
