@@ -250,15 +250,20 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             self._close_local()
             self._owned.local_iterator = iter(self.dataloader)
         self._stateful = _is_stateful(self._local_iterator)
-        self.step_counter = 0
-        self._local_batches = 0
-        self._moved = False  # whether a batch was handed out since this (re)start
+        self._start_at(0)
         if state is not None:
             self._seek(state)
-        self._local_ended = False
-        self._known_until = self.step_counter
-        self._total_steps: int | None = None
+            self._known_until = self.step_counter
         self._state_of_last = self._local_state()
+
+    def _start_at(self, step: int) -> None:
+        """Resets the position bookkeeping to a fresh local iterator at `step`."""
+        self.step_counter = step
+        self._local_batches = step
+        self._moved = False  # whether a batch was handed out since this (re)start
+        self._local_ended = False
+        self._known_until = step
+        self._total_steps: int | None = None
 
     def start_prefetch(self) -> None:
         """Starts preparing the next batches in the background, if not yet started.

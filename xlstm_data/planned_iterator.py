@@ -11,6 +11,7 @@ restore at step 10^7 costs one block of planning per stream, like one at 10.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
-from xlstm_data.data_stats import BatchCounts
+from xlstm_data.data_stats import count_batch
 from xlstm_data.epoch_length import EpochLength
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.global_arrays import form_global_batch
@@ -136,23 +137,14 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         cursors = None if state is None else _cursors_from(state)
         self._owned.local_iterator = iter(self._dataset(step, cursors))
         self._stateful = False
-        self.step_counter = step
-        self._local_batches = step
-        self._moved = False
-        self._local_ended = False
-        self._known_until = step
-        self._total_steps = None
+        self._start_at(step)
         self._state_of_last = None if cursors is None else _cursor_lists(cursors)
 
     def _produce(self) -> _Prefetched:
         element = next(self._local_iterator)
         host = {k: np.asarray(v) for k, v in element["batch"].items()}
-        mask = host["targets_segmentation"]
-        per_row = np.count_nonzero(mask, axis=1)
-        counts = BatchCounts(
-            tokens=int(per_row.sum()),
-            slots=int(mask.size),
-            rows=int(np.count_nonzero(per_row)),
+        counts = dataclasses.replace(
+            count_batch(host, None, len(self.component_names)),
             component_tokens=np.asarray(element["source_tokens"], dtype=np.int64),
         )
         cursors = {int(row[0]): [int(v) for v in row[1:]] for row in element["cursors"]}
