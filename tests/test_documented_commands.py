@@ -32,20 +32,15 @@ MULTIHOST = (
     "--coordinator=10.0.0.1:1234 --num_processes=4 --process_id=$RANK"
 )
 
-ELASTIC_FIRST = (
-    "python -m trainer_hooks.train --config=configs/demo.py --workdir=/tmp/elastic "
-    "--cpu_devices=2 --config.num_train_steps=20 --config.checkpoint.every_steps=10"
-)
-ELASTIC_SECOND = (
-    "python -m trainer_hooks.train --config=configs/demo.py --workdir=/tmp/elastic "
-    "--cpu_devices=2 --config.num_train_steps=30 --config.checkpoint.every_steps=10 "
-    "--coordinator=127.0.0.1:1234 --num_processes=2 --process_id=$RANK"
+ELASTIC = (
+    "python -m trainer_hooks.train --config=configs/demo.py --workdir=demo_workdir "
+    "--cpu_devices=2 --config.num_train_steps=320 --coordinator=127.0.0.1:1234 "
+    "--num_processes=2 --process_id=$RANK"
 )
 
 #: Documented command -> "tests.module::test" that runs it.
 COVERED_BY = {
-    ELASTIC_FIRST: "tests.test_elastic_resume::test_readme_elastic_commands_as_written",
-    ELASTIC_SECOND: "tests.test_elastic_resume::test_readme_elastic_commands_as_written",
+    ELASTIC: "tests.test_documented_commands::test_make_demo",
     "make demo": "tests.test_documented_commands::test_make_demo",
     "make test": ".ci/run (CI runs the suite with it)",
     PREPARE: "tests.test_documented_commands::test_readme_prepare_command",
@@ -137,8 +132,10 @@ def test_readme_multihost_command_on_4_processes(tmp_path):
 
 
 def test_make_demo(tmp_path):
+    """`make demo`, then the README's command that continues it on 2 processes."""
+    demo = tmp_path / "demo"
     result = subprocess.run(
-        ["make", "demo", f"DEMO_DIR={tmp_path / 'demo'}"],
+        ["make", "demo", f"DEMO_DIR={demo}"],
         cwd=REPO,
         env=subprocess_env(),
         capture_output=True,
@@ -147,3 +144,17 @@ def test_make_demo(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "30 replayed steps compared with the pre-emption run: all identical" in result.stdout
+
+    command = ELASTIC.replace("demo_workdir", str(demo)).replace(
+        "127.0.0.1:1234", f"127.0.0.1:{free_port()}"
+    )
+    outputs = run_train_processes(2, *shlex.split(command)[3:])
+    assert "resumed_from_step: 300" in outputs[0] and "final_step: 320" in outputs[0]
+    lines = (demo / "batches.jsonl").read_text().splitlines()
+    log = [json.loads(line) for line in lines if line.endswith("}")]
+    assert [r["step"] for r in log if r["step"] > 300] == list(range(301, 321))
+    data = demo / "checkpoints" / "320" / "data"
+    assert sorted(p.name for p in data.glob("*.json")) == [
+        "process_0-of-2.json",
+        "process_1-of-2.json",
+    ]

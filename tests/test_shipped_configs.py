@@ -53,7 +53,7 @@ def test_multihost_config_trains_on_2_processes_as_the_readme_shows(tmp_path):
 
 
 def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
-    # configs/multihost.py sets none of these keys; the rampup is a list (and a dict).
+    # configs/multihost.py sets none of these keys; the rampup is a list here (a dict below).
     # It also runs multihost.py on one process with 4 devices, as its docstring says.
     out = train(
         tmp_path / "run",
@@ -78,14 +78,19 @@ def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
     )
     assert "final_step: 4" in out
     assert [row["batch_size"] for row in batch_log(tmp_path / "run")] == [4, 4, 16, 16]
-    train(
-        tmp_path / "dict",
-        REPO / "configs" / "multihost.py",
-        "--cpu_devices=4",
-        "--config.num_train_steps=3",
+    # The dict form of the ramp-up, through the same override parser (no second training run).
+    from tests.test_cli import xlstm_data
+
+    shown = xlstm_data(
+        "inspect",
+        f"--config={REPO / 'configs' / 'multihost.py'}",
         "--config.data.rampup={0: 0.5, 2: 1.0}",
+        f"--png={tmp_path / 'plan.png'}",
+        cwd=tmp_path,
     )
-    assert [row["batch_size"] for row in batch_log(tmp_path / "dict")] == [8, 8, 16]
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    stages = [line.split() for line in shown.stdout.splitlines() if "factor" in line]
+    assert [(s[1], s[3], s[8]) for s in stages] == [("0", "2", "8"), ("2", "end", "16")]
 
 
 def test_an_unknown_override_is_refused_by_name(tmp_path):

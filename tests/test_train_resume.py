@@ -1,18 +1,27 @@
 """End to end: a training run SIGKILLed mid-run resumes on exactly the next batch.
 
-Each run is `python -m trainer_hooks.train` in fresh processes. The killed
-run is started with a much larger `num_train_steps` so it is surely still
-running when it is killed at a random moment after its first checkpoint
-(possibly during an async save); it is then rerun to step 30. Nothing in the
-run depends on `num_train_steps` (constant learning rate after warm-up), so
-every logged step must match the uninterrupted run: the batch fingerprint
-(data position) and the loss (model state), bit for bit.
+Each run is `python -m trainer_hooks.train` in fresh processes
+(`tests/train_config.py`: a 2-component mixture with a stage change at step
+5, a ramp-up at step 10, packing). The killed run is started with a much
+larger `num_train_steps` so it is surely still running when it is killed at a
+random moment after its first checkpoint (possibly during an async save); it
+is then rerun to step 30. Nothing in the run depends on `num_train_steps`
+(constant learning rate after warm-up), so every logged step must match the
+uninterrupted run: the batch fingerprint (data position) and the loss (model
+state), bit for bit.
+
+The killed 2-process run's checkpoint is also resumed on 3 processes and on
+1 (the data plan does not depend on the process count): the global batches,
+compared by the fingerprint of their gathered content, must equal the
+uninterrupted 2-process run's. Losses are not compared there: another device
+count reduces in another order.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,8 +89,8 @@ def committed_steps(workdir: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def run_killed_then_resumed(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
-    """Kills a run at a random moment after its first checkpoint, then resumes it."""
+def kill_after_a_checkpoint(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
+    """Kills a run at a random moment after its first checkpoint; returns (workdir, step)."""
     workdir = tmp_path / "interrupted"
     workdir.mkdir()
     procs = launch(workdir, num_processes, "--config.num_train_steps=100000")
@@ -100,6 +109,12 @@ def run_killed_then_resumed(tmp_path: Path, num_processes: int, seed: int) -> tu
         assert proc.wait(timeout=30) == -signal.SIGKILL
     killed_at = records(workdir)[-1]["step"]
     assert killed_at < STEPS
+    return workdir, killed_at
+
+
+def run_killed_then_resumed(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
+    """Kills a run at a random moment after its first checkpoint, then resumes it."""
+    workdir, killed_at = kill_after_a_checkpoint(tmp_path, num_processes, seed)
     wait_all(launch(workdir, num_processes))
     return workdir, killed_at
 
@@ -122,7 +137,7 @@ def check_resume_matches(reference: Path, resumed: Path, killed_at: int) -> None
             want["loss"],
         ), f"step {record['step']} differs after resuming from step {resumed_from}"
     # The ramp-up really changed the batch size within the run.
-    assert {expected[1]["batch_size"], expected[STEPS]["batch_size"]} == {4, 8}
+    assert {expected[1]["batch_size"], expected[STEPS]["batch_size"]} == {12, 24}
     assert committed_steps(resumed) == [28, 30]  # max_to_keep=2
 
 
@@ -134,19 +149,44 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted
     assert any("data/share/long" in m for m in metrics)
     assert any("eval/held_out/loss" in m for m in metrics)
 
-    # Continuing with other mixture weights is refused, naming the keys...
-    more = ["--config.num_train_steps=34", "--config.data.train.long.weight=0.5"]
+    # Continuing with another mixture schedule is refused, naming the key...
+    schedule = (
+        "[[0, {'long': 0.7, 'short': 0.3}], [5, {'long': 0.2, 'short': 0.8}], "
+        "[32, {'long': 0.5, 'short': 0.5}]]"
+    )
+    more = ["--config.num_train_steps=34", f"--config.data.mixture_schedule={schedule}"]
     output = wait_all(launch(resumed, 1, *more), expect=1)
-    assert "data.train.long.weight: 0.7 -> 0.5" in output
+    assert "data.mixture_schedule: [[0, " in output
     assert records(resumed)[-1]["step"] == STEPS
     # ...unless the change is allowed explicitly.
-    wait_all(launch(resumed, 1, *more, "--allow_data_config_change=data.train.*.weight"))
+    wait_all(launch(resumed, 1, *more, "--allow_data_config_change=data.mixture_schedule"))
     assert [r["step"] for r in records(resumed)[-4:]] == [31, 32, 33, 34]
 
 
-def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path, uninterrupted_run):
+def test_two_process_run_killed_resumes_exactly_on_2_3_and_1_processes(
+    tmp_path, uninterrupted_run
+):
     reference = uninterrupted_run(2)
-    resumed, killed_at = run_killed_then_resumed(tmp_path, 2, seed=1)
-    check_resume_matches(reference, resumed, killed_at)
-    data_files = {p.name for p in (resumed / "checkpoints" / "30" / "data").glob("*.json")}
+    killed, killed_at = kill_after_a_checkpoint(tmp_path, 2, seed=1)
+    saved = committed_steps(killed)[-1]
+    for processes in (3, 1):
+        elsewhere = tmp_path / f"resumed_on_{processes}"
+        shutil.copytree(killed, elsewhere)
+        end = saved + 6
+        wait_all(launch(elsewhere, processes, f"--config.num_train_steps={end}"))
+        expected = {r["step"]: r for r in records(reference)}
+        got = [r for r in records(elsewhere) if r["step"] > saved]
+        assert [r["step"] for r in got][-6:] == list(range(saved + 1, end + 1))
+        for record in got[-6:]:
+            want = expected[record["step"]]
+            assert (record["fingerprint"], record["batch_size"]) == (
+                want["fingerprint"],
+                want["batch_size"],
+            ), f"step {record['step']} differs on {processes} processes (saved at {saved})"
+        data_files = {p.name for p in (elsewhere / "checkpoints" / str(end) / "data").glob("*.json")}
+        assert data_files == {f"process_{i}-of-{processes}.json" for i in range(processes)}
+
+    wait_all(launch(killed, 2))
+    check_resume_matches(reference, killed, killed_at)
+    data_files = {p.name for p in (killed / "checkpoints" / "30" / "data").glob("*.json")}
     assert data_files == {"process_0-of-2.json", "process_1-of-2.json"}

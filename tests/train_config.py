@@ -1,4 +1,10 @@
-"""A small, fast config for the training-run tests: 2-component mixture, ramp-up."""
+"""A small, fast config for the training-run tests.
+
+A 2-component mixture whose weights change at step 5 (a mixture stage), a
+ramp-up from 12 to 24 rows at step 10, and packing. Both batch sizes divide
+over 1, 2, 3 and 4 processes of 2 CPU devices, so a checkpoint of it can
+resume on another process count.
+"""
 
 from ml_collections import config_dict
 
@@ -29,8 +35,9 @@ def get_config() -> config_dict.ConfigDict:
     data.eval = config_dict.ConfigDict(
         {"held_out": {"kind": "synthetic", "num_documents": 20, "seed": 2}}
     )
-    data.global_batch_size = 8
-    data.eval_global_batch_size = 8
+    data.mixture_schedule = [[0, {"long": 0.7, "short": 0.3}], [5, {"long": 0.2, "short": 0.8}]]
+    data.global_batch_size = 24
+    data.eval_global_batch_size = 12
     data.max_target_length = 32
     data.rampup = [[0, 0.5], [10, 1.0]]
     return config
