@@ -163,9 +163,7 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted
     assert [r["step"] for r in records(resumed)[-4:]] == [31, 32, 33, 34]
 
 
-def test_two_process_run_killed_resumes_exactly_on_2_3_and_1_processes(
-    tmp_path, uninterrupted_run
-):
+def test_two_process_run_killed_resumes_exactly_on_2_3_and_1_processes(tmp_path, uninterrupted_run):
     reference = uninterrupted_run(2)
     killed, killed_at = kill_after_a_checkpoint(tmp_path, 2, seed=1)
     saved = committed_steps(killed)[-1]
@@ -183,7 +181,8 @@ def test_two_process_run_killed_resumes_exactly_on_2_3_and_1_processes(
                 want["fingerprint"],
                 want["batch_size"],
             ), f"step {record['step']} differs on {processes} processes (saved at {saved})"
-        data_files = {p.name for p in (elsewhere / "checkpoints" / str(end) / "data").glob("*.json")}
+        data = elsewhere / "checkpoints" / str(end) / "data"
+        data_files = {p.name for p in data.glob("*.json")}
         assert data_files == {f"process_{i}-of-{processes}.json" for i in range(processes)}
 
     wait_all(launch(killed, 2))

@@ -82,9 +82,8 @@ def _cached_docstrings(files: list[str]) -> list[str]:
         {"stdlib_docstrings": [file_signature(f) for f in files], "python": sys.version}
     )
     path = os.path.join(cache_dir(), "stdlib", f"{key}.json")
-    with contextlib.suppress(OSError, ValueError):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+    with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
+        return json.load(f)
     texts = [text for file in files for text in _docstrings(file)]
     partial = None
     try:
