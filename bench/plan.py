@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from bench import common, throughput
+from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
-from xlstm_data.planned_batches import PlannedBatchDataset
-from xlstm_data.rampup import BatchSizeSchedule
+from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan"

@@ -36,7 +36,7 @@ from typing import Any
 from absl import flags, logging
 
 from bench import BENCHMARKS, common
-from xlstm_data.cli import Command, UsageError, define_config_flag, run_command, run_config
+from xlstm_data.cli.main import Command, UsageError, define_config_flag, run_command, run_config
 
 #: Default results directory of the named benchmarks (next to this file).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -204,8 +204,8 @@ def measure_pipeline(
     import jax
 
     import xlstm_data as xd
-    from xlstm_data.inspect_config import smallest_device_count
-    from xlstm_data.mesh import DEFAULT_AXIS_DIMS
+    from xlstm_data.cli.inspect_config import smallest_device_count
+    from xlstm_data.multihost.mesh import DEFAULT_AXIS_DIMS
 
     started = time.perf_counter()
     with contextlib.suppress(RuntimeError):  # JAX already started: keep its devices

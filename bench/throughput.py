@@ -37,7 +37,7 @@ from absl import logging
 
 import xlstm_data as xd
 from bench import common
-from xlstm_data import reading
+from xlstm_data.streaming import read_ahead as reading
 
 NAME = "throughput"
 EOD = 1
@@ -46,7 +46,7 @@ SUBJECTS = ("ceiling", "grain", "ours_host", "ours_global")
 #: Subjects measured taking turns (see `_paired_host_rates`), with CPU time too.
 CPU_SUBJECTS = ("grain", "ours_host")
 #: The grain baseline reads ahead as our pipeline does by default
-#: (`xlstm_data.reading`), so both sides do the same reading work.
+#: (`xlstm_data.streaming.read_ahead`), so both sides do the same reading work.
 BASELINE_READ_OPTIONS = grain.ReadOptions(
     num_threads=reading.DEFAULT_READ_THREADS,
     prefetch_buffer_size=reading.DEFAULT_READ_BUFFER_SIZE,

@@ -5,7 +5,7 @@ command line run in-process (`xlstm-data inspect` sets the CPU device count
 when JAX has not started yet) cannot change the devices of later tests.
 absl flags are left unparsed, as in a user's plain script: the library must
 not need them (grain's worker processes read one).
-The lengths cache (`xlstm_data.lengths_cache`) goes to a fresh temporary
+The lengths cache (`xlstm_data.sources.lengths_cache`) goes to a fresh temporary
 directory unless one is set, so tests never write to ~/.cache.
 JAX's persistent compilation cache is on for the session (a fresh temporary
 directory, inherited by every subprocess): the training runs of the suite

@@ -1,6 +1,6 @@
 """The `xlstm-data` command line, run as a real process: help, prepare, inspect, bench.
 
-Each test runs the installed console script (or `python -m xlstm_data.cli`
+Each test runs the installed console script (or `python -m xlstm_data.cli.main`
 where it is missing) with a timeout, on a small synthetic config, so what is
 checked is what a user typing the command gets.
 """
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 _SCRIPT = Path(sys.executable).parent / "xlstm-data"
-XLSTM_DATA = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "xlstm_data.cli"]
+XLSTM_DATA = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "xlstm_data.cli.main"]
 
 CONFIG = """
 from ml_collections import config_dict
@@ -238,5 +238,5 @@ def test_bench_refuses_unknown_names_and_override_keys(tmp_path, config):
 
 
 def test_console_script_is_installed():
-    # The tests above fall back to `python -m xlstm_data.cli`; the README uses the script.
+    # The tests above fall back to `python -m xlstm_data.cli.main`; the README uses the script.
     assert _SCRIPT.exists() or shutil.which("xlstm-data"), "pip install -e . installs xlstm-data"

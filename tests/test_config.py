@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import xlstm_data as xd
-from xlstm_data.config import validate_data_config
+from xlstm_data.config.data_config import validate_data_config
 from xlstm_data.from_config import iterators_from_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -56,7 +56,7 @@ _FLAGS_SCRIPT = """
 import json, sys
 from absl import flags
 from ml_collections import config_flags
-from xlstm_data.config import validate_data_config
+from xlstm_data.config.data_config import validate_data_config
 
 config_flags.DEFINE_config_file("config")
 flags.FLAGS(sys.argv)

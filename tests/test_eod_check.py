@@ -9,11 +9,11 @@ import pytest
 
 import xlstm_data as xd
 from tests.test_tokenizers import write_byte_bpe
-from xlstm_data.end_of_document import resolve_eod_token_id
+from xlstm_data.config.end_of_document import resolve_eod_token_id
 from xlstm_data.errors import DataConfigError
 from xlstm_data.from_config import iterators_from_config
 from xlstm_data.sources import InMemorySource, SyntheticSource, TextFileSource
-from xlstm_data.tokenizers import HFTokenizer
+from xlstm_data.sources.tokenizers import HFTokenizer
 
 TEXT = ["the quick brown fox", "jumps over the lazy dog", "pack my box", "sphinx of quartz"] * 4
 

@@ -217,7 +217,7 @@ def test_reordering_datasets_or_changing_a_weight_keeps_every_other_dataset_orde
 
 
 def test_a_dataset_of_weight_zero_in_every_stage_is_not_opened(mesh, monkeypatch):
-    from xlstm_data.config import SourceConfig
+    from xlstm_data.config.data_config import SourceConfig
 
     built = []
     build = SourceConfig.build

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from xlstm_data.cli import main as cli_main
-from xlstm_data.inspect_config import inspect_config, load_config
+from xlstm_data.cli.inspect_config import inspect_config, load_config
+from xlstm_data.cli.main import main as cli_main
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
 

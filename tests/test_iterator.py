@@ -15,7 +15,7 @@ import pytest
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy, unique_token_docs
 from xlstm_data.batch import LLM_BATCH_FIELDS
-from xlstm_data.batching import ScheduledBatchIterDataset
+from xlstm_data.streaming.batching import ScheduledBatchIterDataset
 
 
 @pytest.fixture(scope="module")

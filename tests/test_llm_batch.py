@@ -12,7 +12,7 @@ import pytest
 
 import xlstm_data as xd
 from xlstm_data.batch import LLM_BATCH_FIELDS
-from xlstm_data.global_arrays import form_global_batch
+from xlstm_data.multihost.global_arrays import form_global_batch
 
 SEGMENTATION = np.array(
     [

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import unique_token_docs
-from xlstm_data.chunking import document_to_examples
-from xlstm_data.grain_iterator import make_grain_llm_dataset
-from xlstm_data.packing import pack_examples
+from xlstm_data.streaming.chunking import document_to_examples
+from xlstm_data.streaming.factories import make_grain_llm_dataset
+from xlstm_data.streaming.packing import pack_examples
 
 EOD = 1
 

@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
+from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.packing import MODES, packing_mode
@@ -19,7 +20,6 @@ from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
 from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import GlobalPlan, HostPlanner
-from xlstm_data.rampup import BatchSizeSchedule
 from xlstm_data.sources import SyntheticSource
 
 #: Stage layouts: (name, global batch, ramp-up, mixture schedule or None).

@@ -162,7 +162,7 @@ def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
 
 
 def test_saved_cursors_follow_datasets_by_name_when_the_datasets_change():
-    from xlstm_data.planned_iterator import _cursors_by_name
+    from xlstm_data.multihost.planned_iterator import _cursors_by_name
 
     state = {"sources": ["a", "b"], "cursors": {"0": [3, 40, 7, 9, -5, -2]}}
     assert _cursors_by_name(state, ["b"]) == {"0": [3, 40, 9, -2]}

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import xlstm_data as xd
-from xlstm_data.cli import main as cli_main
+from xlstm_data.cli.main import main as cli_main
+from xlstm_data.cli.prepare import prepare_corpus
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.prepare import prepare_corpus
 from xlstm_data.sources import ArrayRecordSource, write_array_record
-from xlstm_data.tokenizers import ByteTokenizer
+from xlstm_data.sources.tokenizers import ByteTokenizer
 
 LINES = ["first document", "zweites Dokument ü", "", "third one\twith a tab", "x"]
 JSONL = [{"text": "json one", "id": 1}, {"text": "json two ✓"}, {"text": "three"}]

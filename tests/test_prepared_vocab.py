@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from tests.test_tokenizers import write_byte_bpe
-from xlstm_data.cli import main as cli_main
+from xlstm_data.cli.main import main as cli_main
+from xlstm_data.cli.prepare import prepare_corpus
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.prepare import prepare_corpus
 from xlstm_data.sources import ArrayRecordSource
-from xlstm_data.tokenizers import HFTokenizer
+from xlstm_data.sources.tokenizers import HFTokenizer
 
 TEXT = ["the quick brown fox jumps", "over the lazy dog", "pack my box with five dozen"]
 

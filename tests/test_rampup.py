@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xlstm_data.config.rampup import BatchSizeSchedule, RampupSchedule, Stage, parse_rampup
 from xlstm_data.errors import DataConfigError
-from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, Stage, parse_rampup
 
 THREE_STAGES = {0: 0.25, 10: 0.5, 25: 1.0}
 

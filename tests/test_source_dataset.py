@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlstm_data.source_dataset import SourceDataset
 from xlstm_data.sources import InMemorySource
+from xlstm_data.streaming.source_dataset import SourceDataset
 
 
 def _docs(n):

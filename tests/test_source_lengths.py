@@ -18,19 +18,19 @@ import numpy as np
 import pytest
 
 from tests.test_tokenizers import write_byte_bpe
-from xlstm_data import lengths_cache
+from xlstm_data.cli.inspect_config import _source_counts
+from xlstm_data.cli.prepare import prepare_corpus
 from xlstm_data.errors import DataConfigError
-from xlstm_data.inspect_config import _source_counts
-from xlstm_data.prepare import prepare_corpus
 from xlstm_data.sources import (
     ArrayRecordSource,
     InMemorySource,
     SyntheticSource,
     TextFileSource,
+    lengths_cache,
     write_array_record,
 )
-from xlstm_data.stdlib_corpus import stdlib_source
-from xlstm_data.tokenizers import ByteTokenizer
+from xlstm_data.sources.stdlib_corpus import stdlib_source
+from xlstm_data.sources.tokenizers import ByteTokenizer
 
 LINES = ["first document", "zweites Dokument ü", "", "   ", "third\twith a tab", "x", "東京 🚀"]
 ROWS = [{"text": "json one", "id": 1}, {"text": "json two ✓"}, {"text": ""}, {"text": "three"}]

@@ -21,7 +21,7 @@ from xlstm_data.sources import (
     as_token_source,
     write_array_record,
 )
-from xlstm_data.tokenizers import ByteTokenizer
+from xlstm_data.sources.tokenizers import ByteTokenizer
 
 
 def _tokens(source: Any) -> list[list[int]]:

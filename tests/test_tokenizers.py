@@ -1,4 +1,4 @@
-"""Tests for xlstm_data.tokenizers: byte tokenizer, HF wrapper, get_tokenizer."""
+"""Tests for xlstm_data.sources.tokenizers: byte tokenizer, HF wrapper, get_tokenizer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from xlstm_data.errors import DataConfigError
-from xlstm_data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, get_tokenizer
+from xlstm_data.sources.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, get_tokenizer
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy, unique_token_docs
-from xlstm_data.worker_batching import batch_in_workers, join_batches, micro_batch_size
+from xlstm_data.multihost.workers import batch_in_workers, join_batches, micro_batch_size
 
 RAMPUP = {0: 0.5, 3: 0.75, 6: 1.0}  # host batches 4, 6, 8: micro-batches of 2
 

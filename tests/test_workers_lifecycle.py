@@ -26,8 +26,8 @@ import pytest
 
 import xlstm_data as xd
 from tests.helpers import unique_token_docs
-from xlstm_data.multihost_iterator import IteratorClosedError
-from xlstm_data.prefetch import BackgroundPrefetcher
+from xlstm_data.multihost.iterator import IteratorClosedError
+from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT_TIMEOUT_S = 120

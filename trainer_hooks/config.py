@@ -16,7 +16,7 @@ from typing import Any
 
 from ml_collections import ConfigDict, FieldReference, FrozenConfigDict
 
-from xlstm_data.config import default_data_config
+from xlstm_data.config.data_config import default_data_config
 from xlstm_data.errors import DataConfigError
 
 #: Keys of the training part of a config, with their defaults. None marks a
@@ -60,7 +60,7 @@ def default_config() -> ConfigDict:
 
     Returns:
       A `ConfigDict` holding the training keys (`TRAIN_DEFAULTS`) and the data
-      section (`xlstm_data.config.default_data_config()`).
+      section (`xlstm_data.config.data_config.default_data_config()`).
     """
     config = _as_config_dict(TRAIN_DEFAULTS)
     config.data = default_data_config()

@@ -38,7 +38,7 @@ from trainer_hooks.model import ModelConfig, create_train_state, eval_step, trai
 from trainer_hooks.progress import ProgressHook
 from trainer_hooks.writers import WRITER_KINDS, make_writer
 from xlstm_data import DataCheckpointError, DataConfigError, create_mesh, iterators_from_config
-from xlstm_data.config_overrides import define_config_file, override_error
+from xlstm_data.config.overrides import define_config_file, override_error
 
 _CONFIG = define_config_file(
     "Run config (a configs/*.py file); override keys with --config.KEY=VALUE."

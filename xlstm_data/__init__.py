@@ -1,19 +1,20 @@
 """xlstm-data: multi-host, checkpointable grain data pipelines for JAX training loops."""
 
-from xlstm_data import sources, tokenizers
+from xlstm_data import sources
 from xlstm_data.batch import LLMBatch
 from xlstm_data.checkpoint import DataCheckpointHandler, DataCheckpointRestore, DataCheckpointSave
 from xlstm_data.errors import DataCheckpointError, DataConfigError, DataReadError
 from xlstm_data.from_config import iterators_from_config
-from xlstm_data.grain_iterator import (
+from xlstm_data.multihost.host_layout import DataHostLayout, data_host_layout
+from xlstm_data.multihost.iterator import IteratorClosedError, MultiHostDataLoadIterator
+from xlstm_data.multihost.mesh import create_mesh, data_parallel_size, data_sharding
+from xlstm_data.sources import tokenizers
+from xlstm_data.streaming.factories import (
     make_grain_llm_dataset,
     make_grain_llm_iterator,
     make_grain_multihost_iterator,
 )
-from xlstm_data.host_layout import DataHostLayout, data_host_layout
-from xlstm_data.host_sharding import shard_grain_dataset
-from xlstm_data.mesh import create_mesh, data_parallel_size, data_sharding
-from xlstm_data.multihost_iterator import IteratorClosedError, MultiHostDataLoadIterator
+from xlstm_data.streaming.host_sharding import shard_grain_dataset
 
 __all__ = [
     "DataCheckpointError",

@@ -35,15 +35,19 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from xlstm_data.errors import DataCheckpointError
-from xlstm_data.fingerprint import (
+from xlstm_data.config.fingerprint import (
     allowed_patterns,
     config_changes,
     disallowed_changes,
     fingerprint,
     flat_data_config,
 )
-from xlstm_data.planned_iterator import PlannedDataIterator, is_plan_state, merge_plan_states
+from xlstm_data.errors import DataCheckpointError
+from xlstm_data.multihost.planned_iterator import (
+    PlannedDataIterator,
+    is_plan_state,
+    merge_plan_states,
+)
 
 #: Version of the per-process file layout below; bump on format changes.
 CHECKPOINT_FORMAT_VERSION = 1

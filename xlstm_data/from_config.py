@@ -17,15 +17,15 @@ from typing import Any
 from jax.sharding import Mesh
 
 from xlstm_data.batch import LLMBatch
-from xlstm_data.config import DataConfig, SourceConfig, validate_data_config
-from xlstm_data.end_of_document import resolve_eod_token_id
+from xlstm_data.config.data_config import DataConfig, SourceConfig, validate_data_config
+from xlstm_data.config.end_of_document import resolve_eod_token_id
+from xlstm_data.config.rampup import BatchSizeSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.host_layout import data_host_layout
+from xlstm_data.multihost.host_layout import data_host_layout
+from xlstm_data.multihost.planned_iterator import PlannedDataIterator
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import GlobalPlan
-from xlstm_data.planned_iterator import PlannedDataIterator
-from xlstm_data.rampup import BatchSizeSchedule, parse_rampup
 
 
 def train_plan_spec(cfg: DataConfig) -> PlanSpec:

@@ -12,10 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import UNITS, MixtureSchedule
 from xlstm_data.plan.packing import MODES
-from xlstm_data.rampup import BatchSizeSchedule
 
 #: Default cap on the number of logical streams (`data.logical_streams=None`).
 MAX_AUTO_STREAMS = 64

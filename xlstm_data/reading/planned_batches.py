@@ -20,7 +20,7 @@ import grain
 import numpy as np
 
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
-from xlstm_data.row_assembly import assemble_rows
+from xlstm_data.reading.row_assembly import assemble_rows
 
 
 class PlannedBatchDataset(grain.MapDataset):

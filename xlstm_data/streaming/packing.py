@@ -13,7 +13,7 @@ import dataclasses
 import grain
 import numpy as np
 
-from xlstm_data.row_map import RowMapIterDataset
+from xlstm_data.streaming.row_map import RowMapIterDataset
 
 _SEQUENCE_FEATURES = ("inputs", "targets")
 

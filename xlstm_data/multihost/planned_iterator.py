@@ -20,16 +20,16 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
-from xlstm_data.data_stats import count_batch
-from xlstm_data.epoch_length import EpochLength
+from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataCheckpointError, DataConfigError
-from xlstm_data.global_arrays import form_global_batch
-from xlstm_data.host_layout import data_host_layout
-from xlstm_data.multihost_iterator import MultiHostDataLoadIterator, _Prefetched
+from xlstm_data.multihost.data_stats import count_batch
+from xlstm_data.multihost.epoch_length import EpochLength
+from xlstm_data.multihost.global_arrays import form_global_batch
+from xlstm_data.multihost.host_layout import data_host_layout
+from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
+from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.streams import Cursor, GlobalPlan
-from xlstm_data.planned_batches import PlannedBatchDataset
-from xlstm_data.rampup import BatchSizeSchedule
-from xlstm_data.worker_batching import prefetch_in_workers
+from xlstm_data.reading.planned_batches import PlannedBatchDataset
 
 #: Version of the planned state record; bump on format changes.
 PLAN_STATE_VERSION = 2

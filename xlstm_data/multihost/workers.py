@@ -35,9 +35,13 @@ import numpy as np
 from absl import flags, logging
 
 from xlstm_data.batch import padding_value
-from xlstm_data.batching import BatchSizeFn, ScheduledBatchIterDataset, _ScheduledBatchIterator
 from xlstm_data.errors import DataConfigError
-from xlstm_data.multihost_iterator import is_infinite_stream
+from xlstm_data.multihost.iterator import is_infinite_stream
+from xlstm_data.streaming.batching import (
+    BatchSizeFn,
+    ScheduledBatchIterDataset,
+    _ScheduledBatchIterator,
+)
 
 #: Seconds between a worker's checks that the process that started it is alive.
 PARENT_CHECK_INTERVAL_S = 0.5

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from xlstm_data.config import validate_data_config
+from xlstm_data.config.data_config import validate_data_config
 from xlstm_data.errors import DataConfigError
 
 #: Data keys that do not affect the training stream's content or order.

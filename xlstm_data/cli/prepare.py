@@ -34,10 +34,10 @@ import numpy as np
 from absl import logging
 
 from xlstm_data.checks import check_int
-from xlstm_data.corpus_index import INDEX_FILE, LENGTHS_FILE, PREPARE_FORMAT_VERSION
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.sources import TEXT_UNITS, TextFileSource, expand_files, write_array_record
-from xlstm_data.tokenizers import get_tokenizer
+from xlstm_data.sources.corpus_index import INDEX_FILE, LENGTHS_FILE, PREPARE_FORMAT_VERSION
+from xlstm_data.sources.tokenizers import get_tokenizer
 
 INPUT_FORMATS = ("auto", "text", "jsonl", "tokens")
 _TOKEN_SUFFIXES = (".npy", ".npz")

@@ -42,11 +42,16 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from xlstm_data.batch import padding_value
-from xlstm_data.data_stats import COMPONENT_ID_FIELD, BatchCounts, DataCounters, count_batch
 from xlstm_data.errors import DataConfigError
-from xlstm_data.global_arrays import common_shapes, form_global_batch, pad_to_shape
-from xlstm_data.host_layout import data_host_layout
-from xlstm_data.prefetch import BackgroundPrefetcher
+from xlstm_data.multihost.data_stats import (
+    COMPONENT_ID_FIELD,
+    BatchCounts,
+    DataCounters,
+    count_batch,
+)
+from xlstm_data.multihost.global_arrays import common_shapes, form_global_batch, pad_to_shape
+from xlstm_data.multihost.host_layout import data_host_layout
+from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 
 #: Version of the state dict written by `get_state`; bump on format changes.
 STATE_FORMAT_VERSION = 1

@@ -19,26 +19,26 @@ from absl import logging
 from jax.sharding import Mesh
 
 from xlstm_data.batch import LLMBatch
-from xlstm_data.batching import ScheduledBatchIterDataset
 from xlstm_data.checks import check_int
-from xlstm_data.chunking import DocumentChunkIterDataset
-from xlstm_data.end_of_document import resolve_eod_token_id
+from xlstm_data.config.end_of_document import resolve_eod_token_id
+from xlstm_data.config.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
-from xlstm_data.host_layout import DataHostLayout, data_host_layout
-from xlstm_data.host_sharding import shard_bounds, shard_grain_dataset
-from xlstm_data.mixing import (
+from xlstm_data.multihost.host_layout import DataHostLayout, data_host_layout
+from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, is_infinite_stream
+from xlstm_data.multihost.workers import batch_in_workers, prefetch_in_workers
+from xlstm_data.sources import as_token_source
+from xlstm_data.streaming.batching import ScheduledBatchIterDataset
+from xlstm_data.streaming.chunking import DocumentChunkIterDataset
+from xlstm_data.streaming.host_sharding import shard_bounds, shard_grain_dataset
+from xlstm_data.streaming.mixing import (
     component_names,
     kept_component_names,
     mix_components,
     normalize_weights,
 )
-from xlstm_data.multihost_iterator import MultiHostDataLoadIterator, is_infinite_stream
-from xlstm_data.packing import pack_examples, pad_examples
-from xlstm_data.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
-from xlstm_data.reading import read_options
-from xlstm_data.source_dataset import SourceDataset
-from xlstm_data.sources import as_token_source
-from xlstm_data.worker_batching import batch_in_workers, prefetch_in_workers
+from xlstm_data.streaming.packing import pack_examples, pad_examples
+from xlstm_data.streaming.read_ahead import read_options
+from xlstm_data.streaming.source_dataset import SourceDataset
 
 __all__ = [
     "make_grain_llm_dataset",

@@ -17,13 +17,13 @@ from typing import Any
 import ml_collections
 
 from xlstm_data.checks import check_int
+from xlstm_data.config.rampup import RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
-from xlstm_data.mixing import check_weight, normalize_weights
 from xlstm_data.plan.mixture import UNITS, MixtureSchedule, parse_mixture_schedule
 from xlstm_data.plan.packing import packing_mode
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
-from xlstm_data.rampup import RampupSchedule, parse_rampup
 from xlstm_data.sources import expand_files
+from xlstm_data.streaming.mixing import check_weight, normalize_weights
 
 #: Options of each source kind: name -> (required, default).
 SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
@@ -147,7 +147,8 @@ class SourceConfig:
 
     def build(self) -> Any:
         """Creates the document source (this may read file indexes)."""
-        from xlstm_data import sources, stdlib_corpus
+        from xlstm_data import sources
+        from xlstm_data.sources import stdlib_corpus
 
         o = dict(self.options)
         if self.kind == "array_record":

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from xlstm_data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
+from xlstm_data.sources.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -24,9 +24,9 @@ from pathlib import Path
 from absl import logging
 
 from xlstm_data.errors import DataConfigError
-from xlstm_data.lengths_cache import cache_dir, cache_key, file_signature
 from xlstm_data.sources import InMemorySource, TextFileSource
-from xlstm_data.tokenizers import Tokenizer
+from xlstm_data.sources.lengths_cache import cache_dir, cache_key, file_signature
+from xlstm_data.sources.tokenizers import Tokenizer
 
 PARTS = ("code", "docstrings")
 

@@ -19,10 +19,10 @@ from typing import Any
 import grain
 import numpy as np
 
-from xlstm_data.data_stats import COMPONENT_ID_FIELD
 from xlstm_data.errors import DataConfigError
-from xlstm_data.multihost_iterator import is_infinite_stream
-from xlstm_data.row_map import RowMapIterDataset
+from xlstm_data.multihost.data_stats import COMPONENT_ID_FIELD
+from xlstm_data.multihost.iterator import is_infinite_stream
+from xlstm_data.streaming.row_map import RowMapIterDataset
 
 
 def component_names(count: int) -> list[str]:

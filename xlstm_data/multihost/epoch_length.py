@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xlstm_data.host_sharding import shard_bounds
-from xlstm_data.rampup import BatchSizeSchedule
+from xlstm_data.config.rampup import BatchSizeSchedule
+from xlstm_data.streaming.host_sharding import shard_bounds
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 from absl import flags
 
-from xlstm_data.config_overrides import define_config_file, override_error
+from xlstm_data.config.overrides import define_config_file, override_error
 from xlstm_data.errors import DataConfigError, DataReadError
 
 PROG = "xlstm-data"
@@ -164,7 +164,7 @@ def _check_config_file(argv: Sequence[str]) -> None:
 
 def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     del argv
-    from xlstm_data.prepare import INPUT_FORMATS
+    from xlstm_data.cli.prepare import INPUT_FORMATS
     from xlstm_data.sources import TEXT_UNITS
 
     flags.DEFINE_string("output", None, "output directory (required)", flag_values=fv)
@@ -192,7 +192,7 @@ def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
 
 
 def _prepare(fv: flags.FlagValues, inputs: list[str]) -> int:
-    from xlstm_data.prepare import prepare_corpus
+    from xlstm_data.cli.prepare import prepare_corpus
 
     if not inputs:
         raise UsageError("no INPUT given; pass input files or globs, e.g. 'raw/*.jsonl'")
@@ -274,7 +274,7 @@ def _define_inspect(fv: flags.FlagValues, argv: Sequence[str]) -> None:
 def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
     import jax
 
-    from xlstm_data.inspect_config import inspect_config, smallest_device_count
+    from xlstm_data.cli.inspect_config import inspect_config, smallest_device_count
 
     if positional:
         raise UsageError(f"unexpected arguments {positional}; inspect takes only flags")

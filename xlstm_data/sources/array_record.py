@@ -1,0 +1,388 @@
+"""ArrayRecord shards of token ids or UTF-8 text, as written by `xlstm-data prepare`."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+from absl import logging
+
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.sources.base import (
+    _INT32_MAX,
+    _RECORD_FORMATS,
+    PathPattern,
+    TokenizerSpec,
+    TokenSource,
+    _check_vocab_size,
+    _checked_int32,
+    _decode_utf8,
+    _spec_repr,
+    expand_files,
+)
+from xlstm_data.sources.corpus_index import INDEX_FILE, PreparedCorpus, prepared_corpus
+from xlstm_data.sources.tokenizers import Tokenizer, get_tokenizer
+
+# ----------------------------------------------------------------------------
+# ArrayRecord.
+# ----------------------------------------------------------------------------
+
+
+class ArrayRecordSource(TokenSource):
+    """Documents stored one per record in ArrayRecord files.
+
+    Records are either raw little-endian int32 token ids (`record_format=
+    "tokens"`, what `write_array_record` writes for arrays) or UTF-8 text
+    (`"text"`), tokenized on read. One grain `ArrayRecordDataSource` per file
+    keeps the file of every global index known, so read errors name the file
+    and the record index inside it.
+
+    Token shards made by `xlstm-data prepare` carry an `index.json`: its
+    vocabulary bounds every id read (unless `vocab_size` is given), its
+    tokenizer is the default one, and a tokenizer that is not the one the
+    shards were made with is refused, so the run's end-of-document id and the
+    model's vocabulary follow the data rather than a default.
+    """
+
+    def __init__(
+        self,
+        pattern: PathPattern,
+        record_format: str = "tokens",
+        tokenizer: TokenizerSpec = None,
+        vocab_size: int | None = None,
+        *,
+        unprepared_tokenizer: TokenizerSpec = None,
+    ) -> None:
+        """Opens the files, counts their records and decodes the first record.
+
+        Args:
+          pattern: Glob or path, or a list of them; matched files are sorted.
+          record_format: "tokens" (int32 bytes) or "text" (UTF-8).
+          tokenizer: Tokenizer or spec for `get_tokenizer`. Encodes text records
+            (default byte tokenizer); for "tokens" it names where the ids come
+            from (vocab_size, end-of-document id). For prepared shards None
+            means the tokenizer recorded in their `index.json`, and any other
+            must match it.
+          vocab_size: Exclusive bound checked for every token id. Defaults to
+            the prepared index's vocab_size, else the tokenizer's; unchecked
+            for "tokens" with none of them.
+          unprepared_tokenizer: For "tokens" shards without a prepare index
+            when neither `tokenizer` nor `vocab_size` is given: the tokenizer
+            their ids are taken to come from (the config path passes "byte",
+            so such ids are still checked).
+
+        Raises:
+          DataConfigError: On a bad argument, a pattern matching no file, a file
+            that is not ArrayRecord, no records at all, or a tokenizer that is
+            not the one prepared shards were made with.
+          DataReadError: If the first record does not decode in `record_format`,
+            or a prepare index disagrees with the files.
+        """
+        if record_format not in _RECORD_FORMATS:
+            raise DataConfigError(
+                f"ArrayRecordSource: record_format={record_format!r} is not valid; use one of "
+                f"{list(_RECORD_FORMATS)}."
+            )
+        self._record_format = record_format
+        explicit_vocab = _check_vocab_size(vocab_size, "ArrayRecordSource: vocab_size")
+        if tokenizer is not None:
+            self._tokenizer = get_tokenizer(tokenizer)
+        self._files = expand_files(pattern, "ArrayRecordSource: pattern")
+        self._sources: list[Any] = []
+        lengths: list[int] = []
+        for path in self._files:
+            try:
+                src = grain.sources.ArrayRecordDataSource(path)
+            except Exception as e:  # The reader raises plain RuntimeError/ValueError.
+                raise DataConfigError(
+                    f"ArrayRecordSource: file {path!r} matched by pattern={pattern!r} is not a "
+                    f"readable ArrayRecord file ({type(e).__name__}: {e}); narrow the pattern "
+                    "to ArrayRecord files only."
+                ) from e
+            self._sources.append(src)
+            lengths.append(len(src))
+        self._ends = list(np.cumsum(lengths, dtype=np.int64).tolist())
+        self._num_records = int(self._ends[-1])
+        if self._num_records == 0:
+            raise DataConfigError(
+                f"ArrayRecordSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
+                "they hold no records; point it at non-empty ArrayRecord files."
+            )
+        self._prepared: PreparedCorpus | None = None
+        if record_format == "tokens":
+            self._prepared = prepared_corpus(self._files, lengths)
+            if self._prepared is not None:
+                self._tokenizer = self._prepared_tokenizer(self._prepared, tokenizer)
+            elif tokenizer is None and explicit_vocab is None and unprepared_tokenizer:
+                self._tokenizer = get_tokenizer(unprepared_tokenizer)
+        elif self._tokenizer is None:
+            self._tokenizer = get_tokenizer(None)
+        vocab = explicit_vocab
+        if vocab is None and self._prepared is not None:
+            vocab = self._prepared.vocab_size
+        if vocab is None and self._tokenizer is not None:
+            vocab = int(self._tokenizer.vocab_size)
+        self.vocab_size = vocab
+        # Decode the first record now so a wrong record_format fails at launch.
+        first_file = next(i for i, n in enumerate(lengths) if n > 0)
+        self._read_local(first_file, 0, self._ends[first_file - 1] if first_file else 0)
+        logging.info(
+            "ArrayRecordSource: %d records in %d files (%s ... %s), record_format=%s, "
+            "vocab_size=%s.",
+            self._num_records,
+            len(self._files),
+            self._files[0],
+            self._files[-1],
+            record_format,
+            vocab,
+        )
+
+    def _prepared_tokenizer(
+        self, prepared: PreparedCorpus, tokenizer: TokenizerSpec
+    ) -> Tokenizer | None:
+        """The tokenizer of prepared shards: the index's, or `tokenizer` if it is the same.
+
+        Token arrays prepared with a `vocab_size` beyond the recorded
+        tokenizer's hold ids that tokenizer did not make (another tokenizer's,
+        e.g. GPT-2's): they have no tokenizer unless one is named that covers
+        their vocabulary, so its end-of-document id is not forced on them.
+
+        Raises:
+          DataConfigError: If `tokenizer` differs from the one the shards were
+            made with (vocabulary size or end-of-document id), or is None and the
+            index's tokenizer file is not on this machine.
+        """
+        index_file = prepared.index_files[0]
+        if prepared.vocab_size > prepared.tokenizer_vocab_size:
+            if tokenizer is None:
+                return None
+            named = self._tokenizer
+            assert named is not None
+            if int(named.vocab_size) < prepared.vocab_size:
+                raise DataConfigError(
+                    f"ArrayRecordSource: tokenizer={_spec_repr(tokenizer)} has "
+                    f"{named.vocab_size} ids, fewer than the shards' vocab_size "
+                    f"{prepared.vocab_size} (recorded in {index_file}); name the tokenizer "
+                    "that made the ids, or None"
+                )
+            return named
+        made_with = (
+            f"tokenizer={prepared.tokenizer!r} (vocab_size {prepared.tokenizer_vocab_size}, "
+            f"eod_id {prepared.eod_id}, recorded in {index_file})"
+        )
+        if tokenizer is None:
+            if prepared.tokenizer != "byte" and not os.path.isfile(prepared.tokenizer):
+                raise DataConfigError(
+                    f"ArrayRecordSource: the shards were prepared with {made_with}, which is "
+                    "not a file on this machine; pass tokenizer= the path of a copy of it."
+                )
+            found = get_tokenizer(prepared.tokenizer)
+        else:
+            found = self._tokenizer
+            assert found is not None
+        if (int(found.vocab_size), int(found.eod_id)) != (
+            prepared.tokenizer_vocab_size,
+            prepared.eod_id,
+        ):
+            raise DataConfigError(
+                f"ArrayRecordSource: tokenizer={_spec_repr(tokenizer)} (vocab_size "
+                f"{found.vocab_size}, eod_id {found.eod_id}) is not the tokenizer the shards "
+                f"were prepared with: {made_with}; pass that tokenizer, or None to use it."
+            )
+        return found
+
+    @property
+    def files(self) -> list[str]:
+        """The sorted list of files read."""
+        return list(self._files)
+
+    @property
+    def prepared(self) -> PreparedCorpus | None:
+        """What the `xlstm-data prepare` index says about the files, if they have one."""
+        return self._prepared
+
+    @property
+    def record_format(self) -> str:
+        """ "tokens" or "text"."""
+        return self._record_format
+
+    def __len__(self) -> int:
+        return self._num_records
+
+    def has_lengths(self) -> bool:
+        """Whether every file read is a token shard listed in an `xlstm-data prepare` index."""
+        return self._prepared is not None and self._prepared.slices is not None
+
+    def lengths(self) -> np.ndarray:
+        """Every document's token count from the `xlstm-data prepare` index.
+
+        Read from the `lengths.npy` beside the shards, without reading any
+        record.
+
+        Returns:
+          A 1-D int64 array with one entry per record, in source order.
+
+        Raises:
+          DataConfigError: If the files are not all token shards written by
+            `xlstm-data prepare` (text records, or a directory without
+            `index.json`); the message names the files and the command.
+          DataReadError: If `lengths.npy` disagrees with `index.json`.
+        """
+        if not self.has_lengths():
+            raise DataConfigError(self._no_lengths_message())
+        assert self._prepared is not None
+        lengths = self._prepared.lengths()
+        assert lengths is not None
+        return lengths
+
+    def _no_lengths_message(self) -> str:
+        """Why `lengths()` cannot answer, naming the files and the prepare command."""
+        files = self._files_text()
+        command = (
+            "`xlstm-data prepare INPUT... --output=DIR` (INPUT: the raw text, JSONL or "
+            ".npy/.npz token files the records came from; it writes token shards with "
+            f"{INDEX_FILE} and lengths.npy), then read path='DIR/*.array_record'"
+        )
+        if self._record_format == "text":
+            return (
+                f"ArrayRecordSource({files}): the document lengths of record_format='text' "
+                "records are not known without tokenizing every record; write token shards "
+                f"with {command}."
+            )
+        directories = sorted({os.path.dirname(os.path.abspath(path)) for path in self._files})
+        unprepared = [
+            d for d in directories if not os.path.exists(os.path.join(d, INDEX_FILE))
+        ] or directories
+        return (
+            f"ArrayRecordSource({files}): the document lengths are not known: there is no "
+            f"{INDEX_FILE} with lengths.npy in {', '.join(map(repr, unprepared))} (the files "
+            f"were not written by `xlstm-data prepare`); write token shards with {command}."
+        )
+
+    def _files_text(self) -> str:
+        """The files read, as messages and repr show them."""
+        if len(self._files) == 1:
+            return repr(self._files[0])
+        return f"{len(self._files)} files {self._files[0]!r}..{self._files[-1]!r}"
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """Maps a global record index to (file path, record index in that file).
+
+        Args:
+          index: Global index in [0, len).
+
+        Returns:
+          The file and the record index within it.
+        """
+        file_idx = bisect.bisect_right(self._ends, index)
+        start = self._ends[file_idx - 1] if file_idx else 0
+        return self._files[file_idx], index - start
+
+    def _read(self, index: int) -> np.ndarray:
+        if len(self._ends) == 1:
+            return self._read_local(0, index, index)
+        file_idx = bisect.bisect_right(self._ends, index)
+        start = self._ends[file_idx - 1] if file_idx else 0
+        return self._read_local(file_idx, index - start, index)
+
+    def _read_local(self, file_idx: int, local: int, global_index: int) -> np.ndarray:
+        """Reads and decodes record `local` of file `file_idx`."""
+
+        def where() -> str:
+            path = self._files[file_idx]
+            return (
+                f"ArrayRecordSource: record {local} of file {path!r} (global index {global_index})"
+            )
+
+        try:
+            raw = self._sources[file_idx][local]
+        except Exception as e:
+            raise DataReadError(f"{where()}: could not be read ({type(e).__name__}: {e}).") from e
+        if self._record_format == "tokens":
+            if len(raw) % 4:
+                raise DataReadError(
+                    f"{where()}: has {len(raw)} bytes, not a multiple of 4, so it is not valid "
+                    "int32 token bytes (record_format='tokens'); if the records hold UTF-8 text "
+                    "use record_format='text'."
+                )
+            values = np.frombuffer(raw, dtype="<i4")
+        else:
+            assert self._tokenizer is not None
+            values = self._tokenizer.encode(_decode_utf8(raw, where()))
+        return _checked_int32(values, self.vocab_size, where)
+
+    def __repr__(self) -> str:
+        return (
+            f"ArrayRecordSource({self._files_text()}, records={self._num_records}, "
+            f"record_format={self._record_format!r}, vocab_size={self.vocab_size})"
+        )
+
+
+def write_array_record(
+    path: str | os.PathLike[str], records: Iterable[bytes | np.ndarray | str | Sequence[int]]
+) -> int:
+    """Writes records to an ArrayRecord file with group size 1 (for random access).
+
+    Args:
+      path: Output file; parent directories are created. Overwritten if present.
+      records: bytes are written as is, str as UTF-8, integer arrays or lists
+        as little-endian int32 bytes (the "tokens" record format).
+
+    Returns:
+      The number of records written.
+
+    Raises:
+      DataConfigError: If a record has an unsupported type or values that do
+        not fit in int32. The partially written file is removed.
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    out = os.fspath(path)
+    parent = os.path.dirname(out)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    writer = ArrayRecordWriter(out, "group_size:1")
+    count = 0
+    ok = False
+    try:
+        for i, record in enumerate(records):
+            writer.write(_record_bytes(record, i))
+            count += 1
+        ok = True
+    finally:
+        writer.close()
+        if not ok and os.path.exists(out):
+            os.remove(out)
+    logging.info("write_array_record: wrote %d records to %s.", count, out)
+    return count
+
+
+def _record_bytes(record: Any, index: int) -> bytes:
+    """Serialises one record for `write_array_record`."""
+    if isinstance(record, (bytes, bytearray, memoryview)):
+        return bytes(record)
+    if isinstance(record, str):
+        return record.encode("utf-8")
+    if isinstance(record, (np.ndarray, list, tuple)):
+        arr = np.asarray(record)
+        if arr.size == 0:
+            return b""
+        if arr.ndim == 1 and arr.dtype.kind in "iu":
+            if int(arr.min()) < -_INT32_MAX - 1 or int(arr.max()) > _INT32_MAX:
+                raise DataConfigError(
+                    f"write_array_record: record {index} has values outside the int32 range "
+                    f"[{int(arr.min())}, {int(arr.max())}]; token ids must fit in int32."
+                )
+            return arr.astype("<i4").tobytes()
+        raise DataConfigError(
+            f"write_array_record: record {index} is an array of shape {arr.shape} dtype "
+            f"{arr.dtype}; pass a 1-D integer array (token ids)."
+        )
+    raise DataConfigError(
+        f"write_array_record: record {index} has type {type(record).__name__}; pass bytes, "
+        "str, or a 1-D integer array/list."
+    )
