@@ -67,24 +67,17 @@ def run_processes(
 
 
 #: JAX's persistent compilation cache settings (see conftest).
-COMPILATION_CACHE_VARS = (
-    "JAX_COMPILATION_CACHE_DIR",
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
-)
-
-
 def subprocess_env(num_processes: int = 1) -> dict[str, str]:
     """The environment of a fresh interpreter on this checkout, CPU only.
 
-    Runs of several `jax.distributed` processes get no persistent compilation
-    cache: with it, 2 of ~20 two-process runs hung in their final orbax save
-    (never seen without it), so only single-process runs use it.
+    Runs of several `jax.distributed` processes get 8 XLA CPU client threads
+    (`PJRT_NPROC`): with 2 threads, 2 processes x 2 devices can deadlock in a
+    gloo collective (see `trainer_hooks.train._size_the_cpu_thread_pool`,
+    which does the same for `--cpu_devices`); this covers plain scripts too.
     """
     env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
     if num_processes > 1:
-        for name in COMPILATION_CACHE_VARS:
-            env.pop(name, None)
+        env.setdefault("PJRT_NPROC", "8")
     return env
 
 

@@ -93,9 +93,26 @@ class _OwnInfoOnly(std_logging.Filter):
         return any(part in record.pathname for part in ("trainer_hooks", "xlstm_data"))
 
 
+def _size_the_cpu_thread_pool(devices: int) -> None:
+    """Gives XLA's CPU client 2 threads per local device (unless PJRT_NPROC is set).
+
+    The CPU client runs device executions, and the tasks that launch them, on
+    one pool of max(cores, devices) threads, and a launch waits while its
+    device has 32 computations in flight. With gloo collectives across
+    processes, a waiting launch can hold the thread the other local device's
+    half of a collective needs, and every process then waits forever: 2
+    processes x 2 devices on a 2-core machine hung at an eval after a
+    checkpoint in about one run in ten, and a reproducer hung every time with
+    2 threads and never with 4 (jaxlib 0.10.2; `jax_cpu_enable_async_dispatch`
+    does not help). The variable is read when the CPU backend starts.
+    """
+    os.environ.setdefault("PJRT_NPROC", str(max(2 * devices, os.cpu_count() or 1)))
+
+
 def _start_processes() -> None:
     """Joins the other processes, from flags, JAX_* variables or cluster detection."""
     if _CPU_DEVICES.value:
+        _size_the_cpu_thread_pool(_CPU_DEVICES.value)
         jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
     coordinator = _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS")
     num_processes = _NUM_PROCESSES.value or _env_int("JAX_NUM_PROCESSES")
