@@ -132,7 +132,7 @@ def _synthetic_lengths(documents: int) -> np.ndarray:
 def _resume_secs(plan: GlobalPlan, step: int, repeats: int) -> dict[str, Any]:
     first_row, _ = plan.stream_rows(step)
     documents = first_row * SEQ_LEN * 0.98 / float(plan.mean_tokens[0])
-    cursor = Cursor(int(documents // 2048), first_row, (int(documents),), (0,))
+    cursor = Cursor(int(documents // 2048), first_row, (int(documents),), (0,), ((-1, 0),))
     times = []
     for _ in range(repeats):
         started = time.perf_counter()

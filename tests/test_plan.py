@@ -257,6 +257,79 @@ def test_mixture_stages_hold_their_token_shares():
             pieces = planner.pieces_at(step)
             tokens += np.bincount(pieces.source, weights=pieces.stop - pieces.start, minlength=2)
         assert abs(tokens[0] / tokens.sum() - share_a) < 0.01, (start, tokens / tokens.sum())
+        if share_a == 0.0:  # turned off: not one token from the stage's first step on
+            assert tokens[0] == 0
+
+
+def _long_documents_plan(packing: str, streams: int) -> GlobalPlan:
+    """a is off at steps 4..8; its documents often span many rows of 32."""
+    lengths = {"a": _lengths(7, 3000, 200.0), "b": _lengths(8, 3000, 12.0)}
+    schedule = [[0, {"a": 1, "b": 1}], [4, {"b": 1}], [9, {"a": 3, "b": 1}]]
+    spec = PlanSpec(
+        names=("a", "b"),
+        mixture=parse_mixture_schedule(schedule, ("a", "b"), {}),
+        mixture_unit="tokens",
+        row_length=32,
+        packing=packing,
+        shift=True,
+        shift_target=True,
+        seed=1,
+        shuffle=True,
+        batch=BatchSizeSchedule(24, [[0, 0.5], [6, 1]]),
+        streams=streams,
+        block_documents=16,
+    )
+    return GlobalPlan(spec, [lengths["a"], lengths["b"]])
+
+
+@pytest.mark.parametrize("packing", MODES)
+@pytest.mark.parametrize("streams", [1, 4, 12])
+def test_a_stage_holds_from_its_first_step_even_inside_a_long_document(packing, streams):
+    """A document whose rows would cross a stage boundary is cut there, its rest carried.
+
+    The rest opens the next block that reads its source (here at step 9, when a
+    is on again); every position of every document is planned exactly once and
+    no token of a is planned while a is off.
+    """
+    plan = _long_documents_plan(packing, streams)
+    world = HostPlanner(plan, 0, 1)
+    steps = [world.pieces_at(step) for step in range(16)]
+    for step in range(4, 9):
+        assert not (steps[step].source == 0).any(), f"a read at step {step} while off"
+    assert (steps[9].source == 0).any()
+    cut = 0
+    for stream in range(plan.streams):  # whole blocks: every piece of every document
+        cursor, blocks = plan.start_cursor(), []
+        while cursor.row < plan.stream_rows(16)[0]:
+            block, cursor, _ = plan.plan_block(stream, cursor)
+            blocks.append(block)
+            cut += sum(d >= 0 for d, _ in cursor.carry)
+        pieces = Pieces.concat(blocks)
+        intervals: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for s, d, a, b in zip(
+            pieces.source, pieces.document, pieces.start, pieces.stop, strict=True
+        ):
+            intervals.setdefault((int(s), int(d)), []).append((int(a), int(b)))
+        carried = {(s, d): start for s, (d, start) in enumerate(cursor.carry) if d >= 0}
+        for (source, document), unordered in intervals.items():
+            spans = sorted(unordered)  # best_fit/first_fit shuffle a block's rows
+            size = example_tokens(plan.lengths[source][document : document + 1], True, True)
+            end = carried.get((source, document), int(size[0]))
+            assert spans[0][0] == 0 and spans[-1][1] == end, (spans, end)
+            assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False)), spans
+    assert cut > 0, "no document was cut at a stage boundary: the test lost its point"
+    # The same rows on another host count, resumed from cursors inside the off stage.
+    hosts = streams if streams > 1 else 2
+    savers = [HostPlanner(plan, h, hosts) for h in range(hosts)]
+    for step in range(6):
+        for saver in savers:
+            saver.pieces_at(step)
+    cursors = {}
+    for saver in savers:
+        cursors.update(saver.cursors_at(6))
+    resumed = HostPlanner(plan, 0, 1, cursors)
+    for step in range(6, 16):
+        _same(resumed.pieces_at(step), steps[step])
 
 
 def test_document_weighting_follows_document_counts():

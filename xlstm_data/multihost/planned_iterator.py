@@ -28,11 +28,11 @@ from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
-from xlstm_data.plan.streams import Cursor, GlobalPlan
+from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 
 #: Version of the planned state record; bump on format changes.
-PLAN_STATE_VERSION = 2
+PLAN_STATE_VERSION = 3
 PLAN_STATE_KIND = "plan"
 
 
@@ -271,7 +271,8 @@ def _cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str
     to another. A dataset new to the plan starts at its beginning.
     """
     saved = list(state.get("sources") or names)
-    width = 2 + 2 * len(saved)
+    fields = len(PER_SOURCE_FIELDS)
+    width = 2 + fields * len(saved)
     out = {}
     for stream, values in state["cursors"].items():
         if len(values) != width:
@@ -279,13 +280,12 @@ def _cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str
                 f"the saved cursor of logical stream {stream} holds {len(values)} values, not "
                 f"{width} for the datasets {saved}; the data-state file is corrupted"
             )
-        taken = dict(zip(saved, values[2 : 2 + len(saved)], strict=True))
-        credit = dict(zip(saved, values[2 + len(saved) :], strict=True))
-        out[stream] = [
-            *values[:2],
-            *(taken.get(name, 0) for name in names),
-            *(credit.get(name, 0) for name in names),
-        ]
+        remapped = list(values[:2])
+        for f, (_, default) in enumerate(PER_SOURCE_FIELDS):
+            start = 2 + f * len(saved)
+            by_name = dict(zip(saved, values[start : start + len(saved)], strict=True))
+            remapped += [by_name.get(name, default) for name in names]
+        out[stream] = remapped
     added, dropped = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
     if added or dropped:
         logging.warning(

@@ -43,13 +43,17 @@ def packing_mode(value: object, key: str = "data.packing") -> str:
 
 
 def _chunks(
-    sources: np.ndarray, documents: np.ndarray, sizes: np.ndarray, row_length: int
+    sources: np.ndarray,
+    documents: np.ndarray,
+    sizes: np.ndarray,
+    first: np.ndarray,
+    row_length: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Cuts each document into pieces of at most `row_length` positions."""
-    per_doc = -(-sizes // row_length)
+    """Cuts each document's positions `[first, size)` into pieces of at most `row_length`."""
+    per_doc = -(-(sizes - first) // row_length)
     owner = np.repeat(np.arange(len(sizes)), per_doc)
     index_in_doc = _ranges(np.zeros(len(sizes), np.int64), per_doc)
-    start = index_in_doc * row_length
+    start = first[owner] + index_in_doc * row_length
     stop = np.minimum(start + row_length, sizes[owner])
     return sources[owner], documents[owner], start, stop
 
@@ -101,18 +105,19 @@ def _first_fit(sizes: np.ndarray, row_length: int) -> np.ndarray:
 
 
 def _concat(
-    src: np.ndarray, doc: np.ndarray, sizes: np.ndarray, row_length: int
+    src: np.ndarray, doc: np.ndarray, sizes: np.ndarray, first: np.ndarray, row_length: int
 ) -> tuple[np.ndarray, ...]:
-    """Pieces of the documents laid end to end and cut every `row_length` positions."""
-    doc_start = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
-    total = int(sizes.sum())
+    """Pieces of the documents' `[first, size)` laid end to end, cut every `row_length`."""
+    lengths = sizes - first
+    doc_start = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
+    total = int(lengths.sum())
     cuts = np.union1d(doc_start, np.arange(0, total, row_length))
     cuts = cuts[cuts < total]
     owner = np.searchsorted(doc_start, cuts, side="right") - 1
     # Documents of size 0 share a start with the next one; searchsorted picks the last.
     ends = np.concatenate([cuts[1:], [total]])
-    start = cuts - doc_start[owner]
-    stop = ends - doc_start[owner]
+    start = cuts - doc_start[owner] + first[owner]
+    stop = ends - doc_start[owner] + first[owner]
     row_of = cuts // row_length
     return row_of, src[owner], doc[owner], start, stop
 
@@ -124,6 +129,7 @@ def pack_block(
     row_length: int,
     mode: str,
     rng: np.random.Generator | None,
+    first: np.ndarray | None = None,
 ) -> Pieces:
     """Packs one block's documents (in block order) into rows.
 
@@ -135,6 +141,8 @@ def pack_block(
       mode: One of `MODES`.
       rng: Shuffles the rows of best_fit/first_fit (BFD emits them by size);
         None keeps them in packing order.
+      first: First position of each document to place (default 0): the rest
+        of a document whose start ended the previous mixture stage.
 
     Returns:
       The block's rows.
@@ -142,11 +150,12 @@ def pack_block(
     sources = np.asarray(sources, dtype=np.int32)
     documents = np.asarray(documents, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
-    keep = sizes > 0
-    sources, documents, sizes = sources[keep], documents[keep], sizes[keep]
+    first = np.zeros_like(sizes) if first is None else np.asarray(first, dtype=np.int64)
+    keep = sizes > first
+    sources, documents, sizes, first = sources[keep], documents[keep], sizes[keep], first[keep]
     if mode == "concat":
-        return _rows_from_assignment(*_concat(sources, documents, sizes, row_length))
-    src, doc, start, stop = _chunks(sources, documents, sizes, row_length)
+        return _rows_from_assignment(*_concat(sources, documents, sizes, first, row_length))
+    src, doc, start, stop = _chunks(sources, documents, sizes, first, row_length)
     lengths = stop - start
     if mode == "none":
         row_of = np.arange(len(lengths), dtype=np.int64)

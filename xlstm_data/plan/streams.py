@@ -27,6 +27,9 @@ from xlstm_data.plan.permutation import derive_seed
 from xlstm_data.plan.pieces import Pieces, example_tokens
 from xlstm_data.plan.spec import PlanSpec
 
+#: `Cursor.carry` document of a source with nothing carried.
+NO_CARRY = -1
+
 
 @dataclasses.dataclass(frozen=True)
 class Cursor:
@@ -38,23 +41,35 @@ class Cursor:
       taken: Per source, documents the stream took before the block.
       credit: Per source, tokens the stream still owes (<= 0: the last
         document taken overshot the token budget by that much).
+      carry: Per source, `(document, first position)` of a document whose
+        first rows ended a mixture stage (-1: none); its remaining positions
+        open the next block in which the source is read.
     """
 
     block: int
     row: int
     taken: tuple[int, ...]
     credit: tuple[int, ...]
+    carry: tuple[tuple[int, int], ...]
 
     def to_list(self) -> list[int]:
-        return [self.block, self.row, *self.taken, *self.credit]
+        documents = [d for d, _ in self.carry]
+        starts = [s for _, s in self.carry]
+        return [self.block, self.row, *self.taken, *self.credit, *documents, *starts]
 
     @classmethod
     def from_list(cls, values: Sequence[int]) -> Cursor:
-        sources = (len(values) - 2) // 2
+        n = (len(values) - 2) // len(PER_SOURCE_FIELDS)
         values = [int(v) for v in values]
-        return cls(
-            values[0], values[1], tuple(values[2 : 2 + sources]), tuple(values[2 + sources :])
-        )
+        field = [values[2 + i * n : 2 + (i + 1) * n] for i in range(len(PER_SOURCE_FIELDS))]
+        taken, credit, documents, starts = field
+        carry = tuple(zip(documents, starts, strict=True))
+        return cls(values[0], values[1], tuple(taken), tuple(credit), carry)
+
+
+#: The per-source fields of a cursor's list form, in order, with their value
+#: for a source the cursor does not know (a dataset added on resume).
+PER_SOURCE_FIELDS = (("taken", 0), ("credit", 0), ("carry_document", NO_CARRY), ("carry_start", 0))
 
 
 class GlobalPlan:
@@ -88,6 +103,8 @@ class GlobalPlan:
             for weights in spec.mixture.weights
         ]
         self._total_rows: list[int] | None = None
+        #: Sources are drawn by token budgets (else by document counts).
+        self._token_budgets = spec.mixture_unit == "tokens" and spec.num_epochs is None
 
     def __getstate__(self) -> dict[str, Any]:
         """Worker processes get memory-mapped lengths as their file, not a copy."""
@@ -125,7 +142,8 @@ class GlobalPlan:
         return range(first, last)
 
     def start_cursor(self) -> Cursor:
-        return Cursor(0, 0, (0,) * len(self.spec.names), (0,) * len(self.spec.names))
+        n = len(self.spec.names)
+        return Cursor(0, 0, (0,) * n, (0,) * n, ((NO_CARRY, 0),) * n)
 
     # Blocks -----------------------------------------------------------------
 
@@ -148,20 +166,25 @@ class GlobalPlan:
         """Plans the block at `cursor`.
 
         A block lies within one mixture stage: near a stage boundary it takes
-        fewer documents, so that its rows end at the boundary (or, when a
-        single document's rows cross it, at most that document's rows later).
+        fewer documents, so that its rows end at the boundary. When even one
+        document needs more rows than are left, its first positions fill the
+        rows up to the boundary and the rest is carried (in the cursor) to the
+        next block that reads its source, so the new stage's weights hold from
+        its first step: a source turned off is not read on.
 
         Returns:
           `(rows, cursor of the next block, documents taken)`; 0 documents
-          means the stream has ended (finite runs only).
+          (and no carried rest) means the stream has ended (finite runs only).
         """
         rows_left = self._rows_to_next_stage(cursor.row)
         documents = self.spec.block_documents
         while True:
             planned = self._plan_documents(stream, cursor, documents)
             rows = planned[0].rows
-            if rows_left is None or rows <= rows_left or documents == 1:
+            if rows_left is None or rows <= rows_left:
                 return planned
+            if documents == 1:
+                return self._plan_to_boundary(stream, cursor, rows_left)
             documents = max(1, min(documents - 1, documents * rows_left // rows))
 
     def _documents_at(self, source: int, stream: int, first: int, count: int) -> np.ndarray:
@@ -196,56 +219,152 @@ class GlobalPlan:
             total = int(sizes[-1])
         return documents, total
 
-    def _plan_documents(
+    def _block_items(
         self, stream: int, cursor: Cursor, block_documents: int
-    ) -> tuple[Pieces, Cursor, int]:
+    ) -> tuple[list[tuple[int, int, int, bool]], list[int], list[int], list[tuple[int, int]]]:
+        """The block's items `(source, document, first position, carried)` in block order.
+
+        Carried rests of sources this stage reads come first, then the
+        documents drawn for the block. Returns the items with the taken,
+        credit and carry lists that follow them.
+        """
         spec = self.spec
-        step = self.step_of_stream_row(cursor.row)
-        stage = spec.mixture.stage_at(step)
-        shares = self._shares[stage]
-        rng = np.random.default_rng(derive_seed(spec.seed, "block", stream, cursor.block))
-        offset = float(rng.random())
-        sources, documents = [], []
-        taken, credit = list(cursor.taken), list(cursor.credit)
-        if spec.mixture_unit == "tokens" and spec.num_epochs is None:
-            block_tokens = block_documents * float(shares @ self.mean_tokens)
-            for index, weight in enumerate(spec.mixture.weights[stage]):
+        stage = spec.mixture.stage_at(self.step_of_stream_row(cursor.row))
+        weights = spec.mixture.weights[stage]
+        taken, credit, carry = list(cursor.taken), list(cursor.credit), list(cursor.carry)
+        items: list[tuple[int, int, int, bool]] = []
+        carried_tokens = [0] * len(weights)
+        for index, (document, start) in enumerate(carry):
+            if document != NO_CARRY and weights[index] > 0:
+                items.append((index, document, start, True))
+                size = int(self._sizes(index, np.asarray([document]))[0])
+                carried_tokens[index] = size - start
+                carry[index] = (NO_CARRY, 0)
+        drawn: list[np.ndarray] = []
+        sources: list[int] = []
+        if self._token_budgets:
+            block_tokens = block_documents * float(self._shares[stage] @ self.mean_tokens)
+            budgets = {}
+            for index, weight in enumerate(weights):
+                if weight == 0:
+                    continue
                 budget = int(round(block_tokens * weight)) + credit[index]
-                if weight == 0 or budget <= 0:
+                budget -= carried_tokens[index]
+                budgets[index] = budget
+                if budget <= 0:
+                    credit[index] = budget
                     continue
                 docs, tokens = self._take_tokens(index, stream, taken[index], budget)
                 credit[index] = budget - tokens
                 taken[index] += len(docs)
-                sources.append(np.full(len(docs), index, dtype=np.int32))
-                documents.append(docs)
+                drawn.append(docs)
+                sources += [index] * len(docs)
+            if not drawn and not items:
+                # A small block near a stage boundary whose every budget is owed
+                # already: it still takes one document (an empty block ends a stream).
+                index = max(budgets, key=lambda i: (budgets[i], -i))
+                docs = self._documents_at(index, stream, taken[index], 1)
+                credit[index] = budgets[index] - int(self._sizes(index, docs)[0])
+                taken[index] += 1
+                drawn.append(docs)
+                sources.append(index)
         else:
-            counts = block_counts(shares, block_documents, offset)
+            rng = np.random.default_rng(derive_seed(spec.seed, "block", stream, cursor.block))
+            counts = block_counts(self._shares[stage], block_documents, float(rng.random()))
             for index, count in enumerate(counts.tolist()):
                 available = self._available(index, stream)
                 if available is not None:
                     count = min(count, available - taken[index])
                 if count <= 0:
                     continue
-                sources.append(np.full(count, index, dtype=np.int32))
-                documents.append(self._documents_at(index, stream, taken[index], count))
+                drawn.append(self._documents_at(index, stream, taken[index], count))
+                sources += [index] * count
                 taken[index] += count
-        count = sum(len(d) for d in documents)
-        if count == 0:
+        documents = np.concatenate(drawn).tolist() if drawn else []
+        items += [(s, d, 0, False) for s, d in zip(sources, documents, strict=True)]
+        return items, taken, credit, carry
+
+    def _plan_documents(
+        self, stream: int, cursor: Cursor, block_documents: int
+    ) -> tuple[Pieces, Cursor, int]:
+        spec = self.spec
+        items, taken, credit, carry = self._block_items(stream, cursor, block_documents)
+        if not items:
             return Pieces.empty_rows(0), cursor, 0
-        source = np.concatenate(sources)
-        document = np.concatenate(documents)
+        source, document, first, _ = (np.asarray(c) for c in zip(*items, strict=True))
+        source = source.astype(np.int32)
+        rng = np.random.default_rng(derive_seed(spec.seed, "block", stream, cursor.block))
+        rng.random()  # the draw the document counts use
         if spec.shuffle:
-            order = rng.permutation(count)
-            source, document = source[order], document[order]
-        sizes = np.empty(count, dtype=np.int64)
+            order = rng.permutation(len(items))
+            source, document, first = source[order], document[order], first[order]
+        pieces = pack_block(
+            source,
+            document,
+            self._item_sizes(source, document),
+            spec.row_length,
+            spec.packing,
+            rng if spec.shuffle else None,
+            first=first,
+        )
+        following = Cursor(
+            cursor.block + 1, cursor.row + pieces.rows, tuple(taken), tuple(credit), tuple(carry)
+        )
+        return pieces, following, len(items)
+
+    def _item_sizes(self, source: np.ndarray, document: np.ndarray) -> np.ndarray:
+        sizes = np.empty(len(source), dtype=np.int64)
         for index in np.unique(source):
             chosen = source == index
             sizes[chosen] = self._sizes(int(index), document[chosen])
+        return sizes
+
+    def _plan_to_boundary(self, stream: int, cursor: Cursor, rows_left: int):
+        """The last block of a stage when a single document overflows it.
+
+        The block's items (carried rests, then one drawn document) are laid
+        end to end, as `concat` does, and cut after `rows_left` rows (with
+        `packing="none"`, one chunk per row). The item cut in two leaves its
+        rest in the carry; items wholly after the cut are not in this block
+        (a drawn one is not taken, a carried one stays carried).
+        """
+        spec = self.spec
+        items, taken, credit, carry = self._block_items(stream, cursor, 1)
+        source = np.asarray([item[0] for item in items], dtype=np.int32)
+        document = np.asarray([item[1] for item in items], dtype=np.int64)
+        first = np.asarray([item[2] for item in items], dtype=np.int64)
+        sizes = self._item_sizes(source, document)
+        length = spec.row_length
+        used = sizes - first
+        if spec.packing == "none":
+            used = -(-used // length) * length  # whole rows per item
+        begins = np.cumsum(used) - used
+        room = rows_left * length
+        placed = []
+        for i, (index, doc, start, carried) in enumerate(items):
+            stop = int(min(sizes[i], start + room - begins[i]))
+            if stop <= start:  # wholly after the cut: not in this block
+                if carried:
+                    carry[index] = (doc, start)
+                else:
+                    taken[index] -= 1  # drawn last, so the source's last one taken
+                stop = start
+            else:
+                placed.append((i, stop))
+                if stop < sizes[i]:
+                    carry[index] = (doc, stop)
+            if self._token_budgets:
+                credit[index] += int(sizes[i] - stop)  # not placed: still owed
+        keep = [i for i, _ in placed]
+        stops = np.asarray([s for _, s in placed], dtype=np.int64)
+        mode = "none" if spec.packing == "none" else "concat"
         pieces = pack_block(
-            source, document, sizes, spec.row_length, spec.packing, rng if spec.shuffle else None
+            source[keep], document[keep], stops, length, mode, None, first=first[keep]
         )
-        following = Cursor(cursor.block + 1, cursor.row + pieces.rows, tuple(taken), tuple(credit))
-        return pieces, following, count
+        following = Cursor(
+            cursor.block + 1, cursor.row + pieces.rows, tuple(taken), tuple(credit), tuple(carry)
+        )
+        return pieces, following, len(keep)
 
     # Finite runs ------------------------------------------------------------
 
