@@ -85,6 +85,17 @@ def _divisors_of_all(plan: GlobalPlan, limit: int = 64) -> list[int]:
     return [h for h in range(1, limit + 1) if all(b % h == 0 for b in sizes)]
 
 
+def _cursors_saved_at(plan: GlobalPlan, hosts: int, step: int) -> dict:
+    """Every stream's cursor at `step`, as `hosts` hosts that ran steps 0..step-1 save them."""
+    savers = [HostPlanner(plan, h, hosts) for h in range(hosts)]
+    cursors = {}
+    for saver in savers:
+        for done in range(step):
+            saver.pieces_at(done)
+        cursors.update(saver.cursors_at(step))
+    return cursors
+
+
 def _same(a: Pieces, b: Pieces) -> None:
     for field in ("row_offsets", "source", "document", "start", "stop"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
@@ -219,13 +230,7 @@ def test_resuming_from_cursors_on_another_host_count_continues_the_same_plan(lay
     expected = [world.pieces_at(step) for step in range(14)]
     host_counts = _divisors_of_all(plan, 16)
     for saved_hosts, resumed_hosts in itertools.permutations(host_counts[:4], 2):
-        savers = [HostPlanner(plan, h, saved_hosts) for h in range(saved_hosts)]
-        for step in range(6):
-            for saver in savers:
-                saver.pieces_at(step)
-        cursors = {}
-        for saver in savers:
-            cursors.update(saver.cursors_at(6))
+        cursors = _cursors_saved_at(plan, saved_hosts, 6)
         resumed = [HostPlanner(plan, h, resumed_hosts, cursors) for h in range(resumed_hosts)]
         for step in range(6, 14):
             _same(Pieces.concat([p.pieces_at(step) for p in resumed]), expected[step])
@@ -319,15 +324,7 @@ def test_a_stage_holds_from_its_first_step_even_inside_a_long_document(packing, 
             assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False)), spans
     assert cut > 0, "no document was cut at a stage boundary: the test lost its point"
     # The same rows on another host count, resumed from cursors inside the off stage.
-    hosts = streams if streams > 1 else 2
-    savers = [HostPlanner(plan, h, hosts) for h in range(hosts)]
-    for step in range(6):
-        for saver in savers:
-            saver.pieces_at(step)
-    cursors = {}
-    for saver in savers:
-        cursors.update(saver.cursors_at(6))
-    resumed = HostPlanner(plan, 0, 1, cursors)
+    resumed = HostPlanner(plan, 0, 1, _cursors_saved_at(plan, streams if streams > 1 else 2, 6))
     for step in range(6, 16):
         _same(resumed.pieces_at(step), steps[step])
 
