@@ -32,6 +32,8 @@ assert len(jax.devices()) == 4
 def uninterrupted_run(tmp_path_factory):
     """`uninterrupted_run(n)`: the workdir of a 30-step `tests/train_config.py` run, n processes.
 
+    It checkpoints every 7 steps and keeps every checkpoint.
+
     Run once per process count for the whole session: the kill/resume and the
     pre-emption tests compare their resumed runs with the same reference.
     """
@@ -43,7 +45,10 @@ def uninterrupted_run(tmp_path_factory):
         if num_processes not in done:
             workdir = tmp_path_factory.mktemp(f"uninterrupted_{num_processes}") / "reference"
             workdir.mkdir()
-            wait_all(launch(workdir, num_processes))
+            # Every checkpoint is kept (saves change neither data nor model): the
+            # elastic test resumes its step 7 on other process counts.
+            keep = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
+            wait_all(launch(workdir, num_processes, *keep))
             done[num_processes] = workdir
         return done[num_processes]
 

@@ -70,14 +70,14 @@ def run_processes(
 def subprocess_env(num_processes: int = 1) -> dict[str, str]:
     """The environment of a fresh interpreter on this checkout, CPU only.
 
-    Runs of several `jax.distributed` processes get 8 XLA CPU client threads
+    Runs of several `jax.distributed` processes get 4 XLA CPU client threads
     (`PJRT_NPROC`): with 2 threads, 2 processes x 2 devices can deadlock in a
     gloo collective (see `trainer_hooks.train._size_the_cpu_thread_pool`,
     which does the same for `--cpu_devices`); this covers plain scripts too.
     """
     env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
     if num_processes > 1:
-        env.setdefault("PJRT_NPROC", "8")
+        env.setdefault("PJRT_NPROC", "4")
     return env
 
 

@@ -10,11 +10,11 @@ is then rerun to step 30. Nothing in the run depends on `num_train_steps`
 uninterrupted run: the batch fingerprint (data position) and the loss (model
 state), bit for bit.
 
-The killed 2-process run's checkpoint is also resumed on 3 processes and on
-1 (the data plan does not depend on the process count): the global batches,
-compared by the fingerprint of their gathered content, must equal the
-uninterrupted 2-process run's. Losses are not compared there: another device
-count reduces in another order.
+The uninterrupted 2-process run's checkpoint at step 7 is also resumed on 3
+processes and on 1 (the data plan does not depend on the process count): the
+global batches of steps 8..14, compared by the fingerprint of their gathered
+content, must equal the uninterrupted run's. Losses are not compared there:
+another device count reduces in another order.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def committed_steps(workdir: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def kill_after_a_checkpoint(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
-    """Kills a run at a random moment after its first checkpoint; returns (workdir, step)."""
+def run_killed_then_resumed(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
+    """Kills a run at a random moment after its first checkpoint, then resumes it."""
     workdir = tmp_path / "interrupted"
     workdir.mkdir()
     procs = launch(workdir, num_processes, "--config.num_train_steps=100000")
@@ -109,12 +109,6 @@ def kill_after_a_checkpoint(tmp_path: Path, num_processes: int, seed: int) -> tu
         assert proc.wait(timeout=30) == -signal.SIGKILL
     killed_at = records(workdir)[-1]["step"]
     assert killed_at < STEPS
-    return workdir, killed_at
-
-
-def run_killed_then_resumed(tmp_path: Path, num_processes: int, seed: int) -> tuple[Path, int]:
-    """Kills a run at a random moment after its first checkpoint, then resumes it."""
-    workdir, killed_at = kill_after_a_checkpoint(tmp_path, num_processes, seed)
     wait_all(launch(workdir, num_processes))
     return workdir, killed_at
 
@@ -163,29 +157,38 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted
     assert [r["step"] for r in records(resumed)[-4:]] == [31, 32, 33, 34]
 
 
-def test_two_process_run_killed_resumes_exactly_on_2_3_and_1_processes(tmp_path, uninterrupted_run):
+def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path, uninterrupted_run):
     reference = uninterrupted_run(2)
-    killed, killed_at = kill_after_a_checkpoint(tmp_path, 2, seed=1)
-    saved = committed_steps(killed)[-1]
+    resumed, killed_at = run_killed_then_resumed(tmp_path, 2, seed=1)
+    check_resume_matches(reference, resumed, killed_at)
+    data_files = {p.name for p in (resumed / "checkpoints" / "30" / "data").glob("*.json")}
+    assert data_files == {"process_0-of-2.json", "process_1-of-2.json"}
+
+
+def test_a_2_process_checkpoint_resumes_on_3_and_on_1_process_with_identical_batches(
+    tmp_path, uninterrupted_run
+):
+    """Step 7 of the 2-process run (after the stage change at 5, before the ramp-up at 10)."""
+    reference = uninterrupted_run(2)
+    expected = {r["step"]: r for r in records(reference)}
     for processes in (3, 1):
-        elsewhere = tmp_path / f"resumed_on_{processes}"
-        shutil.copytree(killed, elsewhere)
-        end = saved + 6
-        wait_all(launch(elsewhere, processes, f"--config.num_train_steps={end}"))
-        expected = {r["step"]: r for r in records(reference)}
-        got = [r for r in records(elsewhere) if r["step"] > saved]
-        assert [r["step"] for r in got][-6:] == list(range(saved + 1, end + 1))
-        for record in got[-6:]:
+        workdir = tmp_path / f"resumed_on_{processes}"
+        shutil.copytree(reference, workdir, ignore=shutil.ignore_patterns("*.log"))
+        for step in committed_steps(workdir):
+            if step > 7:
+                shutil.rmtree(workdir / "checkpoints" / str(step))
+        output = wait_all(launch(workdir, processes, "--config.num_train_steps=14"))
+        assert "resumed_from_step: 7" in output
+        got = records(workdir)[-7:]
+        assert [r["step"] for r in got] == list(range(8, 15))
+        for record in got:
             want = expected[record["step"]]
             assert (record["fingerprint"], record["batch_size"]) == (
                 want["fingerprint"],
                 want["batch_size"],
-            ), f"step {record['step']} differs on {processes} processes (saved at {saved})"
-        data = elsewhere / "checkpoints" / str(end) / "data"
-        data_files = {p.name for p in data.glob("*.json")}
-        assert data_files == {f"process_{i}-of-{processes}.json" for i in range(processes)}
-
-    wait_all(launch(killed, 2))
-    check_resume_matches(reference, killed, killed_at)
-    data_files = {p.name for p in (killed / "checkpoints" / "30" / "data").glob("*.json")}
-    assert data_files == {"process_0-of-2.json", "process_1-of-2.json"}
+            ), f"step {record['step']} differs on {processes} processes"
+        data = workdir / "checkpoints" / "14" / "data"
+        assert {p.name for p in data.glob("*.json")} == {
+            f"process_{i}-of-{processes}.json" for i in range(processes)
+        }
+    assert {expected[8]["batch_size"], expected[14]["batch_size"]} == {12, 24}

@@ -116,17 +116,10 @@ def iterators_from_config(
     """
     cfg: DataConfig = validate_data_config(data_config)
     layout = data_host_layout(mesh, batch_axis_names)
-    _check_layout_divides(cfg, layout)
-    BatchSizeSchedule(
-        cfg.global_batch_size,
-        cfg.rampup,
-        data_parallel_size=layout.data_parallel_size,
-        host_count=layout.host_count,
-        key="data.rampup",
-    )
+    train_spec = train_plan_spec(cfg)
+    _check_layout_divides(cfg, train_spec.batch, layout)
     if cfg.eval:
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
-    train_spec = train_plan_spec(cfg)
     eval_specs = {spec.name: eval_plan_spec(cfg, spec.name) for spec in cfg.eval}
     mixed = [s for s in cfg.train if s.name in train_spec.names]
     opened: dict[str, Any] = {}
@@ -175,9 +168,9 @@ def iterators_from_config(
     return train, evals
 
 
-def _check_layout_divides(cfg: DataConfig, layout: Any) -> None:
+def _check_layout_divides(cfg: DataConfig, batch: BatchSizeSchedule, layout: Any) -> None:
     """Names the layouts that work when a stage's batch does not divide over this one."""
-    stages = BatchSizeSchedule(cfg.global_batch_size, cfg.rampup, key="data.rampup").stages()
+    stages = batch.stages()
     dp = layout.data_parallel_size
     bad = next((s for s in stages if s.global_batch_size % dp), None)
     if bad is None:
