@@ -34,7 +34,7 @@ def run_processes(
 ) -> list[Any]:
     """Runs `scenario` in `num_processes` processes and returns their results."""
     port = free_port()
-    env = subprocess_env(num_processes)
+    env = subprocess_env()
     procs = []
     for pid in range(num_processes):
         out = tmp_path / f"result_{scenario}_{pid}.json"
@@ -67,18 +67,9 @@ def run_processes(
 
 
 #: JAX's persistent compilation cache settings (see conftest).
-def subprocess_env(num_processes: int = 1) -> dict[str, str]:
-    """The environment of a fresh interpreter on this checkout, CPU only.
-
-    Runs of several `jax.distributed` processes get 4 XLA CPU client threads
-    (`PJRT_NPROC`): with 2 threads, 2 processes x 2 devices can deadlock in a
-    gloo collective (see `trainer_hooks.train._size_the_cpu_thread_pool`,
-    which does the same for `--cpu_devices`); this covers plain scripts too.
-    """
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    if num_processes > 1:
-        env.setdefault("PJRT_NPROC", "4")
-    return env
+def subprocess_env() -> dict[str, str]:
+    """The environment of a fresh interpreter on this checkout, CPU only."""
+    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
 
 
 def run_train(*args: str, expect: int = 0, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -115,7 +106,7 @@ def run_train_processes(
                 f"--num_processes={num_processes}",
                 "--initialization_timeout=60",
             ],
-            env=subprocess_env(num_processes),
+            env=subprocess_env(),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -69,7 +69,9 @@ def run_block(
 ) -> list[dict]:
     """Runs `block` in `num_processes` fresh interpreters; returns their JSON results."""
     port = free_port()
-    env = subprocess_env(num_processes)
+    # XLA's CPU client needs 2 threads per device for collectives across processes
+    # (see trainer_hooks.train._size_the_cpu_thread_pool), as the README says.
+    env = dict(subprocess_env(), PJRT_NPROC=str(2 * devices))
     procs = []
     for pid in range(num_processes):
         out = tmp_path / f"{tag}_{pid}.json"

@@ -32,8 +32,11 @@ def test_configs_are_found():
     assert {c.name for c in CONFIGS} >= {"demo.py", "mixture_rampup.py", "multihost.py"}
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
+@pytest.mark.parametrize(
+    "config", [c for c in CONFIGS if c.name != "multihost.py"], ids=lambda path: path.stem
+)
 def test_every_config_trains_on_an_8_device_host(tmp_path, config):
+    """configs/multihost.py trains on 8 devices in the override test below."""
     out = train(tmp_path / "run", config, "--config.num_train_steps=3", "--cpu_devices=8")
     assert "final_step: 3" in out
     assert [row["step"] for row in batch_log(tmp_path / "run")] == [1, 2, 3]
@@ -54,11 +57,11 @@ def test_multihost_config_trains_on_2_processes_as_the_readme_shows(tmp_path):
 
 def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
     # configs/multihost.py sets none of these keys; the rampup is a list here (a dict below).
-    # It also runs multihost.py on one process with 4 devices, as its docstring says.
+    # It is also the 8-device run of multihost.py (4 devices and 2 processes: below).
     out = train(
         tmp_path / "run",
         REPO / "configs" / "multihost.py",
-        "--cpu_devices=4",
+        "--cpu_devices=8",
         "--config.num_train_steps=4",
         "--config.data.worker_count=2",
         "--config.data.read_threads=0",

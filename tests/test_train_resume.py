@@ -36,7 +36,7 @@ CHECKPOINT_EVERY = 4
 
 
 def launch(workdir: Path, num_processes: int, *flags: str) -> list[subprocess.Popen]:
-    env = subprocess_env(num_processes)
+    env = subprocess_env()
     port = free_port()
     procs = []
     for pid in range(num_processes):

@@ -96,6 +96,9 @@ class _OwnInfoOnly(std_logging.Filter):
 def _size_the_cpu_thread_pool(devices: int) -> None:
     """Gives XLA's CPU client 2 threads per local device (unless PJRT_NPROC is set).
 
+    Called for multi-process runs only: one process keeps its collectives in
+    process, and more threads than cores only slow its steps.
+
     The CPU client runs device executions, and the tasks that launch them, on
     one pool of max(cores, devices) threads, and a launch waits while its
     device has 32 computations in flight. With gloo collectives across
@@ -111,10 +114,11 @@ def _size_the_cpu_thread_pool(devices: int) -> None:
 
 def _start_processes() -> None:
     """Joins the other processes, from flags, JAX_* variables or cluster detection."""
-    if _CPU_DEVICES.value:
-        _size_the_cpu_thread_pool(_CPU_DEVICES.value)
-        jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
     coordinator = _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if _CPU_DEVICES.value:
+        if coordinator or _DISTRIBUTED.value:  # collectives across processes
+            _size_the_cpu_thread_pool(_CPU_DEVICES.value)
+        jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
     num_processes = _NUM_PROCESSES.value or _env_int("JAX_NUM_PROCESSES")
     process_id = _PROCESS_ID.value if _PROCESS_ID.value is not None else _env_int("JAX_PROCESS_ID")
     if coordinator or _DISTRIBUTED.value:
