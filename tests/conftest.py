@@ -24,6 +24,25 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+#: Modules whose tests train in several processes at once (each run busies both
+#: cores). `make test` runs the suite on 2 pytest-xdist workers with
+#: `--dist loadgroup`: these run one after another on one worker, while the
+#: in-process tests share both workers.
+TRAINING_PROCESS_MODULES = {
+    "test_documented_commands",
+    "test_preemption",
+    "test_readme",
+    "test_shipped_configs",
+    "test_train_resume",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in TRAINING_PROCESS_MODULES:
+            item.add_marker(pytest.mark.xdist_group("training_processes"))
+
+
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4
 

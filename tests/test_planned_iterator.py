@@ -119,6 +119,8 @@ def test_a_position_from_another_plan_is_refused():
             other.set_state(state)
         with pytest.raises(DataCheckpointError, match="streaming pipeline"):
             other.set_state({"format_version": 1, "step": 3})
+        with pytest.raises(DataCheckpointError, match="plan state format 2; .* reads format 3"):
+            other.set_state(dict(state, format_version=2))
     finally:
         other.close()
     same, _ = iterators_from_config(DATA, mesh)

@@ -185,7 +185,16 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         `merge_plan_states` (a restore on another layout needs the cursors of
         every stream this host reads).
         """
-        if not is_plan_state(state) or state.get("format_version") != PLAN_STATE_VERSION:
+        if is_plan_state(state) and state.get("format_version") != PLAN_STATE_VERSION:
+            raise DataCheckpointError(
+                f"the data position was saved in plan state format "
+                f"{state.get('format_version')!r}; this version reads format "
+                f"{PLAN_STATE_VERSION} only (format 3 added the rest of a document cut at a "
+                "mixture stage boundary to each cursor). Resume with the xlstm-data version "
+                "that saved it, or restore the model only and restart the data deliberately "
+                "(--start_data_fresh)"
+            )
+        if not is_plan_state(state):
             raise DataCheckpointError(
                 f"the data position (format_version={state.get('format_version')!r}, kind="
                 f"{state.get('kind')!r}) was not saved by the planned iterator (format_version="
