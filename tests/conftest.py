@@ -24,10 +24,13 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+jax.config.update("jax_num_cpu_devices", 4)
+assert len(jax.devices()) == 4
+
 #: Modules whose tests train in several processes at once (each run busies both
 #: cores). `make test` runs the suite on 2 pytest-xdist workers with
-#: `--dist loadgroup`: these run one after another on one worker, while the
-#: in-process tests share both workers.
+#: `--dist loadgroup`: these run one after another on one worker; every other
+#: module runs whole on one worker (its module-scoped fixtures are built once).
 TRAINING_PROCESS_MODULES = {
     "test_documented_commands",
     "test_preemption",
@@ -39,12 +42,9 @@ TRAINING_PROCESS_MODULES = {
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in TRAINING_PROCESS_MODULES:
-            item.add_marker(pytest.mark.xdist_group("training_processes"))
-
-
-jax.config.update("jax_num_cpu_devices", 4)
-assert len(jax.devices()) == 4
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        group = "training_processes" if module in TRAINING_PROCESS_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

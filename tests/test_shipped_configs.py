@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiprocess import REPO, run_train, run_train_processes
+from tests.multiprocess import REPO, run_train
 
 CONFIGS = sorted((REPO / "configs").glob("*.py"))
 
@@ -42,22 +42,11 @@ def test_every_config_trains_on_an_8_device_host(tmp_path, config):
     assert [row["step"] for row in batch_log(tmp_path / "run")] == [1, 2, 3]
 
 
-def test_multihost_config_trains_on_2_processes_as_the_readme_shows(tmp_path):
-    outputs = run_train_processes(
-        2,
-        f"--config={REPO / 'configs' / 'multihost.py'}",
-        f"--workdir={tmp_path / 'run'}",
-        "--process_id=$RANK",
-        "--cpu_devices=2",
-        "--config.num_train_steps=3",
-    )
-    assert "final_step: 3" in outputs[0]
-    assert (tmp_path / "run" / "checkpoints" / "3" / "data" / "process_1-of-2.json").exists()
-
-
 def test_keys_the_config_does_not_set_can_be_overridden(tmp_path):
     # configs/multihost.py sets none of these keys; the rampup is a list here (a dict below).
-    # It is also the 8-device run of multihost.py (4 devices and 2 processes: below).
+    # It is also the 8-device run of multihost.py. Its multi-process runs: the README's
+    # 4-process command (test_documented_commands); the README's one-machine flags
+    # (2 processes x 2 devices) continue the demo in test_make_demo.
     out = train(
         tmp_path / "run",
         REPO / "configs" / "multihost.py",
