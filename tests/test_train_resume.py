@@ -1,4 +1,4 @@
-"""End to end: a training run SIGKILLed mid-run resumes on exactly the next batch.
+"""End to end: a training run killed, pre-empted or moved resumes on exactly the next batch.
 
 Each run is `python -m trainer_hooks.train` in fresh processes
 (`tests/train_config.py`: a 2-component mixture with a stage change at step
@@ -15,18 +15,32 @@ processes and on 1 (the data plan does not depend on the process count): the
 global batches of steps 8..14, compared by the fingerprint of their gathered
 content, must equal the uninterrupted run's. Losses are not compared there:
 another device count reduces in another order.
+
+Pre-emption: a SIGTERM (a scheduler's pre-emption notice) saves the current
+step, and a rerun resumes. `trainer_hooks.train` runs JAX's preemption
+service (on one process too), and `CheckpointHook` follows orbax's
+pre-emption policy: at the sync point every process agrees on after the
+signal, it saves model and data position and the run exits with status 143.
+The rerun must continue on exactly the next batch (compared with an
+uninterrupted run without workers): on one process with 2 grain workers, the
+signal sent to the whole process group as SLURM does (the workers must
+survive it), and on two processes where only one process got the signal.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.multiprocess import REPO, free_port, subprocess_env
 
@@ -135,6 +149,31 @@ def check_resume_matches(reference: Path, resumed: Path, killed_at: int) -> None
     assert committed_steps(resumed) == [28, 30]  # max_to_keep=2
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+    """`uninterrupted_run(n)`: the workdir of a 30-step `tests/train_config.py` run, n processes.
+
+    It checkpoints every 7 steps and keeps every checkpoint.
+
+    Run once per process count for the module: the kill, pre-emption and
+    elastic tests compare their resumed runs with the same reference.
+    """
+    done = {}
+
+    def run(num_processes: int):
+        if num_processes not in done:
+            workdir = tmp_path_factory.mktemp(f"uninterrupted_{num_processes}") / "reference"
+            workdir.mkdir()
+            # Every checkpoint is kept (saves change neither data nor model): the
+            # elastic test resumes its step 7 on other process counts.
+            keep = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
+            wait_all(launch(workdir, num_processes, *keep))
+            done[num_processes] = workdir
+        return done[num_processes]
+
+    return run
+
+
 def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted_run):
     reference = uninterrupted_run(1)
     resumed, killed_at = run_killed_then_resumed(tmp_path, 1, seed=0)
@@ -192,3 +231,77 @@ def test_a_2_process_checkpoint_resumes_on_3_and_on_1_process_with_identical_bat
             f"process_{i}-of-{processes}.json" for i in range(processes)
         }
     assert {expected[8]["batch_size"], expected[14]["batch_size"]} == {12, 24}
+
+
+def sigterm_after(workdir, num_processes: int, after_step: int, *flags: str) -> int:
+    """Starts a long run, SIGTERMs its last process after `after_step`; returns the saved step.
+
+    With one process the signal goes to its whole process group (workers included).
+    """
+    procs = launch(workdir, num_processes, "--config.num_train_steps=100000", *flags)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        done = records(workdir)
+        if done and done[-1]["step"] >= after_step:
+            break
+        assert all(p.poll() is None for p in procs), procs[0].log.read_text()[-3000:]
+        time.sleep(0.01)
+    if num_processes == 1:
+        os.killpg(procs[0].pid, signal.SIGTERM)
+    else:
+        procs[-1].send_signal(signal.SIGTERM)
+    try:
+        output = wait_all(procs, expect=143)
+    finally:  # a run that missed its save must not train on after the test
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    saved = int(re.search(r"pre-empted: step (\d+) is saved", output).group(1))
+    assert saved >= after_step
+    assert saved in committed_steps(workdir)
+    assert records(workdir)[-1]["step"] == saved
+    return saved
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_sigterm_saves_the_current_step_and_the_rerun_resumes_exactly(
+    tmp_path, num_processes, uninterrupted_run
+):
+    workdir = tmp_path / "preempted"
+    workdir.mkdir()
+    flags = ("--config.data.worker_count=2",) if num_processes == 1 else ()
+    saved = sigterm_after(workdir, num_processes, 6, *flags)
+    # Checkpoints are due every 4 steps; the pre-emption save comes on top of them.
+    end = saved + 3
+    output = wait_all(launch(workdir, num_processes, f"--config.num_train_steps={end}", *flags))
+    assert f"resumed_from_step: {saved}" in output
+
+    # The reference has no workers: the worker count changes speed, never data.
+    expected = {r["step"]: r for r in records(uninterrupted_run(num_processes))}
+    got = {r["step"]: r for r in records(workdir)}
+    assert sorted(got) == list(range(1, end + 1))
+    for step in range(1, end + 1):
+        assert (got[step]["fingerprint"], got[step]["loss"]) == (
+            expected[step]["fingerprint"],
+            expected[step]["loss"],
+        ), f"step {step} differs after resuming from the pre-emption save at {saved}"
+
+
+def test_orbax_finalize_asking_an_older_step_does_not_move_jaxs_sync_counter(tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    from trainer_hooks.checkpointing import checkpoint_manager
+
+    reported = []
+
+    def fake_sync_point(self, step):  # JAX's sync point is reached at step 7
+        reported.append(step)
+        return step == 7
+
+    monkeypatch.setattr(ocp.CheckpointManager, "reached_preemption", fake_sync_point)
+    manager = checkpoint_manager(tmp_path / "ckpt")
+    answers = [manager.reached_preemption(step) for step in (5, 6, 4, 7, 5, 7, 8)]
+    # Steps older than the loop's (orbax's async finalize) are answered, not reported.
+    assert reported == [5, 6, 7, 7, 8]
+    assert answers == [False, False, False, True, False, True, False]
+    manager.close()
