@@ -269,8 +269,8 @@ class GlobalPlan:
                 drawn.append(docs)
                 sources.append(index)
         else:
-            rng = np.random.default_rng(derive_seed(spec.seed, "block", stream, cursor.block))
-            counts = block_counts(self._shares[stage], block_documents, float(rng.random()))
+            offset = float(self._block_rng(stream, cursor).random())
+            counts = block_counts(self._shares[stage], block_documents, offset)
             for index, count in enumerate(counts.tolist()):
                 available = self._available(index, stream)
                 if available is not None:
@@ -291,9 +291,8 @@ class GlobalPlan:
         items, taken, credit, carry = self._block_items(stream, cursor, block_documents)
         if not items:
             return Pieces.empty_rows(0), cursor, 0
-        source, document, first, _ = (np.asarray(c) for c in zip(*items, strict=True))
-        source = source.astype(np.int32)
-        rng = np.random.default_rng(derive_seed(spec.seed, "block", stream, cursor.block))
+        source, document, first = _item_arrays(items)
+        rng = self._block_rng(stream, cursor)
         rng.random()  # the draw the document counts use
         if spec.shuffle:
             order = rng.permutation(len(items))
@@ -311,6 +310,10 @@ class GlobalPlan:
             cursor.block + 1, cursor.row + pieces.rows, tuple(taken), tuple(credit), tuple(carry)
         )
         return pieces, following, len(items)
+
+    def _block_rng(self, stream: int, cursor: Cursor) -> np.random.Generator:
+        """The block's random stream: document counts, then order and row shuffles."""
+        return np.random.default_rng(derive_seed(self.spec.seed, "block", stream, cursor.block))
 
     def _item_sizes(self, source: np.ndarray, document: np.ndarray) -> np.ndarray:
         sizes = np.empty(len(source), dtype=np.int64)
@@ -330,9 +333,7 @@ class GlobalPlan:
         """
         spec = self.spec
         items, taken, credit, carry = self._block_items(stream, cursor, 1)
-        source = np.asarray([item[0] for item in items], dtype=np.int32)
-        document = np.asarray([item[1] for item in items], dtype=np.int64)
-        first = np.asarray([item[2] for item in items], dtype=np.int64)
+        source, document, first = _item_arrays(items)
         sizes = self._item_sizes(source, document)
         length = spec.row_length
         used = sizes - first
@@ -393,6 +394,15 @@ class GlobalPlan:
         if self.spec.drop_remainder:
             return batch.step_for_examples(min(totals) * self.streams + 1) - 1
         return batch.step_for_examples(max(totals) * self.streams)
+
+
+def _item_arrays(items: Sequence[tuple[int, int, int, bool]]) -> tuple[np.ndarray, ...]:
+    """`(source int32, document int64, first position int64)` arrays of block items."""
+    return (
+        np.asarray([item[0] for item in items], dtype=np.int32),
+        np.asarray([item[1] for item in items], dtype=np.int64),
+        np.asarray([item[2] for item in items], dtype=np.int64),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

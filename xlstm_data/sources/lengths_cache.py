@@ -43,6 +43,7 @@ __all__ = [
     "file_signature",
     "lengths_path",
     "tokenizer_identity",
+    "write_atomically",
 ]
 
 #: Environment variable naming the cache directory.
@@ -131,21 +132,34 @@ def _load(path: str, count: int) -> np.ndarray | None:
     return np.asarray(lengths)  # A plain read-only array over the mapped file.
 
 
-def _store(path: str, lengths: np.ndarray) -> bool:
-    """Writes `lengths` to `path` atomically; False (after a warning) if it cannot."""
+def write_atomically(path: str, write: Callable[[Any], None]) -> None:
+    """Writes a cache entry (`write` fills a binary file) via a temporary file renamed into place.
+
+    Concurrent writers (hosts sharing a home directory, tests in parallel)
+    therefore never leave a half-written entry. Raises OSError, after removing
+    the temporary file, when the directory cannot be written.
+    """
     directory = os.path.dirname(path)
     partial = None
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".npy", dir=directory)
+        fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
-            np.save(f, lengths, allow_pickle=False)
+            write(f)
         os.replace(partial, path)
-        return True
-    except OSError as error:
+    except OSError:
         if partial is not None:
             with contextlib.suppress(OSError):
                 os.remove(partial)
+        raise
+
+
+def _store(path: str, lengths: np.ndarray) -> bool:
+    """Writes `lengths` to `path` atomically; False (after a warning) if it cannot."""
+    try:
+        write_atomically(path, lambda f: np.save(f, lengths, allow_pickle=False))
+        return True
+    except OSError as error:
         logging.warning(
             "lengths cache: cannot write %s (%s: %s); keeping the document lengths in memory "
             "only, so the next process rescans the files. Set %s to a writable directory to "

@@ -18,14 +18,18 @@ import json
 import os
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 from absl import logging
 
 from xlstm_data.errors import DataConfigError
 from xlstm_data.sources import InMemorySource, TextFileSource
-from xlstm_data.sources.lengths_cache import cache_dir, cache_key, file_signature
+from xlstm_data.sources.lengths_cache import (
+    cache_dir,
+    cache_key,
+    file_signature,
+    write_atomically,
+)
 from xlstm_data.sources.tokenizers import Tokenizer
 
 PARTS = ("code", "docstrings")
@@ -85,16 +89,8 @@ def _cached_docstrings(files: list[str]) -> list[str]:
     with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
         return json.load(f)
     texts = [text for file in files for text in _docstrings(file)]
-    partial = None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, partial = tempfile.mkstemp(prefix=".partial-", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(texts, f)
-        os.replace(partial, path)
+        write_atomically(path, lambda f: f.write(json.dumps(texts).encode("utf-8")))
     except OSError as error:  # an optimisation only
-        if partial is not None:
-            with contextlib.suppress(OSError):
-                os.remove(partial)
         logging.warning("cannot cache the standard library's docstrings in %s: %s", path, error)
     return texts
