@@ -68,7 +68,7 @@ def test_worker_count_changes_nothing_and_a_position_moves_between_counts(refere
         inline.close()
     again, _ = iterators_from_config({**DATA, "worker_count": workers}, mesh)
     try:
-        state_at_4 = dict(back, step=4, cursors=state["cursors"])
+        state_at_4 = dict(back, step=4, data_step=4, cursors=state["cursors"])
         again.set_state(state_at_4)
         _assert_same(_take(again, 5), reference[4:])
     finally:

@@ -41,8 +41,11 @@ from xlstm_data.config.fingerprint import (
     disallowed_changes,
     fingerprint,
     flat_data_config,
+    identity_keys_of_unbound_sources,
 )
+from xlstm_data.config.resume_changes import future_only_changes, is_mixture_key
 from xlstm_data.errors import DataCheckpointError
+from xlstm_data.sources.identity import describe_file_change
 from xlstm_data.multihost.planned_iterator import (
     PlannedDataIterator,
     is_plan_state,
@@ -68,7 +71,11 @@ def _flat_config(iterator: Any, data_config: Any) -> dict[str, Any] | None:
     config = data_config if data_config is not None else getattr(iterator, "data_config", None)
     if config is None:
         return None
-    return flat_data_config(config, getattr(iterator, "source_documents", None))
+    return flat_data_config(
+        config,
+        getattr(iterator, "source_documents", None),
+        getattr(iterator, "source_identities", None),
+    )
 
 
 class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
@@ -145,7 +152,10 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             header, state = _read_record(path)
             _check_header(path, header, layout)
         current = _flat_config(args.iterator, args.data_config)
-        changed = _check_config(path, header.get("data_config"), current, args.allow_config_change)
+        data_step = int(state.get("data_step", state.get("step") or 0))
+        changed = _check_config(
+            path, header.get("data_config"), current, args.allow_config_change, data_step
+        )
         if header.get("grain_version") != _grain_version():
             logging.warning(
                 "data state in %s was written with grain %s; this run has grain %s",
@@ -338,8 +348,13 @@ def _check_config(
     saved: Mapping[str, Any] | None,
     current: Mapping[str, Any] | None,
     allowed: bool | str | Iterable[str],
+    data_step: int,
 ) -> list[str]:
-    """Refuses disallowed changes; returns the keys of the allowed ones."""
+    """Refuses disallowed changes; returns the keys of the allowed ones.
+
+    Changes that only concern steps from `data_step` on (new mixture stages,
+    new skip ranges) are accepted without being allowed (`resume_changes`).
+    """
     if saved is None or current is None:
         if saved != current:
             logging.warning(
@@ -348,12 +363,27 @@ def _check_config(
                 "saved" if saved is not None else "current",
             )
         return []
+    unbound = set(identity_keys_of_unbound_sources(saved, current))
+    if unbound:
+        logging.warning(
+            "the checkpoint in %s predates binding runs to their data files; the files behind "
+            "the datasets are not compared",
+            path,
+        )
+        current = {k: v for k, v in current.items() if k not in unbound}
     changes = config_changes(saved, current)
-    refused = disallowed_changes(changes, allowed)
+    future, mixture_reason = future_only_changes(changes, saved, current, data_step)
+    refused = disallowed_changes([c for c in changes if c not in future], allowed)
     if refused:
-        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in refused)
+        listed = "; ".join(
+            describe_file_change(key, old, new) or f"{key}: {old!r} -> {new!r}"
+            for key, old, new in refused
+        )
+        why = ""
+        if mixture_reason and any(is_mixture_key(key) for key, _, _ in refused):
+            why = f" ({mixture_reason})"
         raise DataCheckpointError(
-            f"the data config changed since the checkpoint in {path} was saved: {listed}. "
+            f"the data config changed since the checkpoint in {path} was saved: {listed}{why}. "
             "Resuming would not continue the same data stream. Restore the old values, or "
             "allow the change explicitly with DataCheckpointRestore(iterator, "
             f"allow_config_change={sorted(key for key, _, _ in refused)!r})"

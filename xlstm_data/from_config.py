@@ -151,6 +151,7 @@ def iterators_from_config(
         worker_count=cfg.worker_count,
         worker_buffer_size=cfg.worker_buffer_size,
         sources_by_name=sources,
+        skips=cfg.skip_steps,
         **common,
     )
     evals = {}

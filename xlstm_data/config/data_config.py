@@ -21,6 +21,7 @@ from xlstm_data.config.rampup import RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import UNITS, MixtureSchedule, parse_mixture_schedule
 from xlstm_data.plan.packing import packing_mode
+from xlstm_data.plan.skips import StepSkips, parse_skip_steps
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
 from xlstm_data.sources import expand_files
 from xlstm_data.streaming.mixing import check_weight, normalize_weights
@@ -64,6 +65,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "packing": "best_fit",
     "mixture_schedule": None,
     "mixture_unit": "tokens",
+    "skip_steps": None,
     "logical_streams": None,
     "block_documents": DEFAULT_BLOCK_DOCUMENTS,
     "shift": True,
@@ -103,6 +105,7 @@ _UNSET_KEY_TYPES: dict[str, type] = {
     "max_target_length": int,
     "logical_streams": int,
     "mixture_schedule": object,
+    "skip_steps": object,
     "eod_token_id": int,
     "num_epochs": int,
     "rampup": object,
@@ -196,6 +199,7 @@ class DataConfig:
     mixture_unit: str = "tokens"
     logical_streams: int | None = None
     block_documents: int = DEFAULT_BLOCK_DOCUMENTS
+    skip_steps: StepSkips = StepSkips()
 
     @property
     def mixture(self) -> MixtureSchedule:
@@ -236,6 +240,7 @@ class DataConfig:
         out = dataclasses.asdict(self)
         out["rampup"] = self.rampup.to_pairs()
         out["mixture_schedule"] = self.mixture.to_pairs()
+        out["skip_steps"] = self.skip_steps.to_pairs()
         for split in ("train", "eval"):
             out[split] = {
                 s.name: {"kind": s.kind, "weight": s.weight, **dict(s.options)}
@@ -383,6 +388,7 @@ def validate_data_config(config: Any) -> DataConfig:
         mixture_unit=_choice("data.mixture_unit", d["mixture_unit"], UNITS),
         logical_streams=check_int("data.logical_streams", d["logical_streams"], 1, optional=True),
         block_documents=check_int("data.block_documents", d["block_documents"], 1),
+        skip_steps=parse_skip_steps(_plain(d["skip_steps"])),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from xlstm_data.config.data_config import validate_data_config
 from xlstm_data.errors import DataConfigError
+from xlstm_data.sources.identity import IDENTITY_KEYS
 
 #: Data keys that do not affect the training stream's content or order.
 KEYS_OUTSIDE_FINGERPRINT = (
@@ -33,7 +34,9 @@ KEYS_OUTSIDE_FINGERPRINT = (
 
 
 def flat_data_config(
-    data_config: Any, source_documents: Mapping[str, int] | None = None
+    data_config: Any,
+    source_documents: Mapping[str, int] | None = None,
+    source_identities: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The training-relevant data config as `{"data.<key>...": value}`.
 
@@ -42,6 +45,10 @@ def flat_data_config(
       source_documents: Documents found per train dataset, recorded as
         `data.train.<name>.documents` so a path glob that now matches other
         files shows up as a change.
+      source_identities: Per train dataset, what its documents are
+        (`sources.identity.source_identity`: files, lengths checksum,
+        tokenizer), recorded under `data.train.<name>.` so that changed data
+        behind an unchanged config shows up as a change, file by file.
     """
     validated = validate_data_config(data_config)
     config = validated.to_json_dict()
@@ -53,7 +60,26 @@ def flat_data_config(
         config.pop("mixture_schedule", None)
     for name, count in (source_documents or {}).items():
         config["train"][name]["documents"] = int(count)
+    for name, identity in (source_identities or {}).items():
+        config["train"][name].update(identity)
     return dict(_flatten("data", json.loads(json.dumps(config))))
+
+
+def identity_keys_of_unbound_sources(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[str]:
+    """Current identity keys of datasets the saved config recorded no identity for.
+
+    Checkpoints written before runs were bound to their data have none; their
+    datasets are compared by config and document count only.
+    """
+    bound = {key.split(".")[2] for key in saved if _is_identity_key(key)}
+    return [k for k in current if _is_identity_key(k) and k.split(".")[2] not in bound]
+
+
+def _is_identity_key(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) > 3 and parts[1] == "train" and parts[3] in IDENTITY_KEYS
 
 
 def fingerprint(flat_config: Mapping[str, Any]) -> str:

@@ -434,7 +434,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             )
         rows = None
         if self.batch_schedule is not None:
-            rows = self.batch_schedule.host_batch_size_at(self.step_counter)
+            rows = self._host_batch_size_at(self.step_counter)
         host = {
             k: np.full(
                 ((rows or v.shape[0]),) + v.shape[1:],
@@ -500,6 +500,9 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
                 "make_grain_multihost_iterator or pass batch_schedule="
             )
         return self.batch_schedule
+
+    def _host_batch_size_at(self, step: int) -> int:
+        return self._require_schedule().host_batch_size_at(step)
 
     def batch_size_at(self, step: int) -> int:
         """Global batch size of the batch handed out at `step`."""

@@ -28,8 +28,10 @@ from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
+from xlstm_data.plan.skips import StepSkips
 from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.sources.identity import source_identity
 
 #: Version of the planned state record; bump on format changes.
 PLAN_STATE_VERSION = 3
@@ -57,6 +59,8 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
       batch_axis_names: Mesh axes the batch rows are split over.
       data_config: The validated data config (fingerprinted in checkpoints).
       sources_by_name: Sources by name (for `source_documents` and tools).
+      skips: Training steps whose data is skipped (`data.skip_steps`); the
+        plan, its mixture and ramp-up stages, are indexed by data step.
     """
 
     def __init__(
@@ -75,14 +79,18 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         batch_axis_names: str | Sequence[str] | None = None,
         data_config: Any = None,
         sources_by_name: Mapping[str, Any] | None = None,
+        skips: StepSkips = StepSkips(),
     ):
         self.plan = plan
+        self.skips = skips
+        self._identities: dict[str, dict[str, Any]] | None = None
         self._plan_sources = list(sources)
         self._eod_token_id = eod_token_id
         self.worker_count = worker_count
         self._worker_buffer_size = worker_buffer_size
         self._read_threads = read_threads
-        num_steps = plan.num_steps()
+        data_steps = plan.num_steps()
+        num_steps = None if data_steps is None else skips.train_steps_before(data_steps)
         spec = plan.spec
         layout = data_host_layout(mesh, batch_axis_names)
         super().__init__(
@@ -120,8 +128,9 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             self._eod_token_id,
             start_step=step,
             cursors=cursors,
-            num_steps=self.plan.num_steps(),
+            num_steps=self.iterator_length,
             read_threads=self._read_threads,
+            skips=self.skips,
         )
         dataset = batches.to_iter_dataset(grain.ReadOptions(num_threads=0))
         options = grain.MultiprocessingOptions(
@@ -138,7 +147,12 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         self._owned.local_iterator = iter(self._dataset(step, cursors))
         self._stateful = False
         self._start_at(step)
-        self._state_of_last = None if cursors is None else _cursor_lists(cursors)
+        self._state_of_last = None
+        if state is not None:
+            self._state_of_last = {
+                "data_step": _saved_data_step(state),
+                "cursors": _cursor_lists(cursors),
+            }
 
     def _produce(self) -> _Prefetched:
         element = next(self._local_iterator)
@@ -149,23 +163,61 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         )
         cursors = {int(row[0]): [int(v) for v in row[1:]] for row in element["cursors"]}
         device = form_global_batch(host, self.sharding, self.layout.host_count)
-        return _Prefetched(host, device, cursors, counts)
+        position = {"data_step": int(element["data_step"]) + 1, "cursors": cursors}
+        return _Prefetched(host, device, position, counts)
+
+    @property
+    def source_identities(self) -> dict[str, dict[str, Any]]:
+        """Per train dataset, its files, lengths checksum and tokenizer (checkpoints record it)."""
+        if self._identities is None:
+            self._identities = {
+                name: source_identity(self.sources[name], lengths)
+                for name, lengths in zip(self.plan.spec.names, self.plan.lengths, strict=True)
+                if name in self.sources
+            }
+        return self._identities
+
+    # Steps -------------------------------------------------------------------
+
+    def data_step_at(self, step: int) -> int:
+        """The data step (of the plan) behind the batch handed out at training step `step`."""
+        return self.skips.data_step(step)
+
+    def batch_size_at(self, step: int) -> int:
+        return self.plan.spec.batch.global_batch_size_at(self.data_step_at(step))
+
+    def _host_batch_size_at(self, step: int) -> int:
+        return self.batch_size_at(step) // self.layout.host_count
+
+    def examples_seen(self, step: int | None = None) -> int:
+        """Global rows handed out before training step `step` (skipped steps' rows not counted)."""
+        step = self.step_counter if step is None else step
+        batch = self.plan.spec.batch
+        seen = batch.examples_seen(self.data_step_at(step))
+        for first, end in self.skips.skipped_data_steps():
+            if end <= self.data_step_at(step):
+                seen -= batch.examples_seen(end) - batch.examples_seen(first)
+        return seen
 
     # State -------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
         """The position after the last batch handed out (JSON-able, host-count free)."""
-        cursors = self._state_of_last
-        if cursors is None:  # nothing handed out since step 0
+        position = self._state_of_last
+        if position is None:  # nothing handed out since step 0
             start = self.plan.start_cursor().to_list()
             cursors = {s: start for s in self.plan.host_streams(*self._host())}
+            position = {"data_step": 0, "cursors": cursors}
         return {
             "format_version": PLAN_STATE_VERSION,
             "kind": PLAN_STATE_KIND,
             "step": self.step_counter,
+            # The cursors' position: the data step after the last one handed out.
+            "data_step": position["data_step"],
+            "skip_steps": self.skips.to_pairs(),
             "streams": self.plan.streams,
             "sources": list(self.plan.spec.names),
-            "cursors": {str(s): list(c) for s, c in cursors.items()},
+            "cursors": {str(s): list(c) for s, c in position["cursors"].items()},
             "batch_schedule": self.plan.spec.batch.rampup.to_pairs(),
             "global_batch_size": self.plan.spec.batch.global_batch_size,
             "process_index": self.layout.process_index,
@@ -202,8 +254,10 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 "version, which cannot be carried over. Restore the model only and restart the "
                 "data deliberately (--start_data_fresh)"
             )
-        self._check_schedule(state)
         step = int(state["step"])
+        saved_skips = StepSkips(tuple(tuple(r) for r in state.get("skip_steps", ())))
+        self.skips.check_resume(saved_skips, step, _saved_data_step(state))
+        self._check_schedule(state)
         cursors = _cursors_from(state)
         missing = [s for s in self.plan.host_streams(*self._host()) if s not in cursors]
         if missing:
@@ -213,14 +267,14 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"{self.layout.host_count} reads; the checkpoint is missing process files"
             )
         remapped = _cursors_by_name(state, self.plan.spec.names)
-        self._restart({"step": step, "cursors": remapped})
+        self._restart({"step": step, "data_step": _saved_data_step(state), "cursors": remapped})
         counters = state.get("data_counters")
         if counters is not None:
             self.data_counters.set_state(counters)
         self.state_set = True
 
     def _check_schedule(self, state: Mapping[str, Any]) -> None:
-        step = int(state["step"])
+        step = _saved_data_step(state)  # ramp-up stages are data steps
         saved = BatchSizeSchedule(int(state["global_batch_size"]), state["batch_schedule"])
         mine = self.plan.spec.batch
         changed = [
@@ -303,6 +357,11 @@ def _cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str
             dropped or "none",
         )
     return out
+
+
+def _saved_data_step(state: Mapping[str, Any]) -> int:
+    """The data step a saved position continues at (its step, before skips existed)."""
+    return int(state.get("data_step", state["step"]))
 
 
 def _cursors_from(state: Mapping[str, Any]) -> dict[int, Cursor]:

@@ -1,6 +1,7 @@
 """A data host's batches as a grain `MapDataset` indexed by step.
 
-Element i is the host's batch at step `start_step + i`, computed from the plan:
+Element i is the host's batch at training step `start_step + i`, computed from
+the plan at that step's data step (they differ only after `data.skip_steps`):
 the host's rows' pieces, read and assembled. With worker processes
 (`mp_prefetch`), grain deals worker w the steps w, w + W, ...; each worker
 plans its streams forward on its own, so the batches never depend on the
@@ -19,6 +20,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from xlstm_data.plan.skips import StepSkips
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
 from xlstm_data.reading.row_assembly import assemble_rows
 
@@ -32,10 +34,12 @@ class PlannedBatchDataset(grain.MapDataset):
       host_index: This data host.
       host_count: Data hosts.
       eod_token_id: Appended to every document.
-      start_step: The first step (a restored position).
-      cursors: Cursors of this host's streams at `start_step` (None at step 0).
-      num_steps: Steps of a finite run (None: endless).
+      start_step: The first training step (a restored position).
+      cursors: Cursors of this host's streams at or before the data step of
+        `start_step` (None: at data step 0).
+      num_steps: Training steps of a finite run (None: endless).
       read_threads: Threads reading a batch's documents (0: the calling thread).
+      skips: Data steps skipped (`data.skip_steps`).
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class PlannedBatchDataset(grain.MapDataset):
         cursors: Mapping[int, Cursor] | None = None,
         num_steps: int | None = None,
         read_threads: int = 0,
+        skips: StepSkips = StepSkips(),
     ):
         super().__init__()
         self._plan = plan
@@ -61,6 +66,7 @@ class PlannedBatchDataset(grain.MapDataset):
         self._cursors = dict(cursors) if cursors is not None else None
         self._num_steps = num_steps
         self._read_threads = read_threads
+        self._skips = skips
         self._planner: HostPlanner | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
 
@@ -81,7 +87,7 @@ class PlannedBatchDataset(grain.MapDataset):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self.slice(index)
-        step = self._start_step + int(index)
+        step = self._skips.data_step(self._start_step + int(index))
         if self._planner is None:
             self._planner = HostPlanner(
                 self._plan, self._host_index, self._host_count, self._cursors
@@ -103,7 +109,7 @@ class PlannedBatchDataset(grain.MapDataset):
         cursors = planner.cursors_at(step + 1)
         return {
             "batch": batch,
-            "step": np.int64(step),
+            "data_step": np.int64(step),
             "source_tokens": np.bincount(
                 pieces.source, weights=pieces.stop - pieces.start, minlength=len(spec.names)
             ).astype(np.int64),
