@@ -45,12 +45,12 @@ from xlstm_data.config.fingerprint import (
 )
 from xlstm_data.config.resume_changes import future_only_changes, is_mixture_key
 from xlstm_data.errors import DataCheckpointError
-from xlstm_data.sources.identity import describe_file_change
 from xlstm_data.multihost.planned_iterator import (
     PlannedDataIterator,
     is_plan_state,
     merge_plan_states,
 )
+from xlstm_data.sources.identity import describe_file_change
 
 #: Version of the per-process file layout below; bump on format changes.
 CHECKPOINT_FORMAT_VERSION = 1

@@ -29,7 +29,7 @@ def mixture_stages(flat: Mapping[str, Any]) -> list[tuple[int, dict[str, float]]
     """`[(first step, {name: normalised weight})]` of a flattened data config."""
     pairs = flat.get(SCHEDULE_KEY)
     if pairs:
-        stages = [(int(start), {n: float(w) for n, w in weights.items()}) for start, weights in pairs]
+        stages = [(int(s), {n: float(w) for n, w in weights.items()}) for s, weights in pairs]
     else:
         weights = {
             key[len("data.train.") : -len(".weight")]: float(value)

@@ -28,7 +28,7 @@ from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
-from xlstm_data.plan.skips import StepSkips
+from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources.identity import source_identity
@@ -79,7 +79,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         batch_axis_names: str | Sequence[str] | None = None,
         data_config: Any = None,
         sources_by_name: Mapping[str, Any] | None = None,
-        skips: StepSkips = StepSkips(),
+        skips: StepSkips = NO_SKIPS,
     ):
         self.plan = plan
         self.skips = skips

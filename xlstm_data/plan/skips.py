@@ -111,10 +111,14 @@ class StepSkips:
             )
 
 
+#: No step skipped.
+NO_SKIPS = StepSkips()
+
+
 def parse_skip_steps(value: Any, key: str = DEFAULT_KEY) -> StepSkips:
     """Validates `data.skip_steps`: None, or a list of `[start, end]` pairs."""
     if value is None:
-        return StepSkips()
+        return NO_SKIPS
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise DataConfigError(
             f"{key}={value!r} is invalid; expected a list of [start, end] training-step "

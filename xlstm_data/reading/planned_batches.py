@@ -20,7 +20,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from xlstm_data.plan.skips import StepSkips
+from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
 from xlstm_data.reading.row_assembly import assemble_rows
 
@@ -54,7 +54,7 @@ class PlannedBatchDataset(grain.MapDataset):
         cursors: Mapping[int, Cursor] | None = None,
         num_steps: int | None = None,
         read_threads: int = 0,
-        skips: StepSkips = StepSkips(),
+        skips: StepSkips = NO_SKIPS,
     ):
         super().__init__()
         self._plan = plan
