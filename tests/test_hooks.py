@@ -11,6 +11,7 @@ import pytest
 from jax_loop_utils.metric_writers import MemoryWriter
 
 import xlstm_data as xd
+from xlstm_data.plan.streams import HostPlanner
 from tests.helpers import assert_batches_equal, to_numpy
 from tests.multiprocess import run_processes
 from trainer_hooks import (
@@ -91,8 +92,14 @@ def test_data_metrics_over_a_ramped_mixture(mesh):
         "wait_secs_per_step",
         "tokens_seen",
         "batch_size",
+        "mixture_stage",
+        "data_step",
+        "split_documents",
+        "split_fraction",
         *(f"share/{n}" for n in names),
+        *(f"planned_share/{n}" for n in names),
     }
+    planner = HostPlanner(train.plan, 0, 1)
     for step in triggered:
         assert set(latest[step]) == expected_keys
         # The writer got the same figures, under the prefix.
@@ -120,6 +127,13 @@ def test_data_metrics_over_a_ramped_mixture(mesh):
         assert report["examples_per_sec"] > 0
         assert 0 <= report["wait_fraction"] <= 1
         assert report["wait_secs_per_step"] >= 0
+        # The plan's stage and shares, and the documents packing split, next to them.
+        assert report["mixture_stage"] == 0 and report["data_step"] == step - 1
+        assert report["planned_share/web"] == pytest.approx(0.8)
+        pieces = [planner.pieces_at(s) for s in range(previous, step)]
+        assert report["split_documents"] == sum(int((p.start > 0).sum()) for p in pieces)
+        begun = sum(int((p.start == 0).sum()) for p in pieces)
+        assert report["split_fraction"] == pytest.approx(report["split_documents"] / begun)
         previous = step
 
     # Over the whole run: the weights are token shares, so web's share of the

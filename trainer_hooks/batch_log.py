@@ -38,7 +38,7 @@ def batch_fingerprint(batch: Any) -> str:
 
 
 class BatchLog:
-    """Appends `{"step", "fingerprint", "batch_size", "tokens", "loss"}` lines.
+    """Appends `{"step", "data_step", "fingerprint", "batch_size", "tokens", "loss"}` lines.
 
     Lines are flushed one by one, so a killed run leaves every finished line.
     A resumed run appends again from its checkpoint, so a step can appear

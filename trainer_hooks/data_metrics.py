@@ -1,8 +1,9 @@
 """Writes what the data pipeline delivered, as the training loop saw it.
 
 Tokens/s, examples/s and padding say whether packing and throughput are as
-expected; per-component token shares say whether the mixture does what the
-config says; the current batch size follows the ramp-up; and the share of
+expected; per-component token shares, next to the shares the plan's current
+mixture stage asks for, say whether the mixture does what the config says;
+the documents split across rows say what packing costs; the current batch size follows the ramp-up; and the share of
 wall time the loop waited for data says whether the accelerator starved.
 Figures cover the interval since the previous report. On several processes
 the counts are summed over data-loading hosts (replicas of one host are
@@ -22,7 +23,7 @@ from jax_loop_utils.metric_writers.interface import MetricWriter
 
 from trainer_hooks.periodic import StepAnchoredAction
 
-_BATCHES, _TOKENS, _SLOTS, _ROWS, _WAIT = range(5)
+_BATCHES, _TOKENS, _SLOTS, _ROWS, _WAIT, _DOCUMENTS, _SPLIT = range(7)
 
 
 class DataMetricsHook(StepAnchoredAction):
@@ -92,7 +93,17 @@ class DataMetricsHook(StepAnchoredAction):
         if getattr(self.iterator, "batch_schedule", None) is not None:
             scalars["batch_size"] = self.iterator.last_batch_size()
         names = self.iterator.component_names or ("all",)
-        for name, component_tokens in zip(names, delta[_WAIT + 1 :], strict=False):
+        for name, component_tokens in zip(names, delta[_SPLIT + 1 :], strict=False):
             scalars[f"share/{name}"] = component_tokens / tokens if tokens else 0.0
+        stage_at = getattr(self.iterator, "mixture_stage_at", None)
+        if stage_at is not None:  # the plan: its stage and planned shares next to the real ones
+            stage, planned = stage_at(max(self.iterator.step_counter - 1, 0))
+            scalars["mixture_stage"] = stage
+            for name, share in planned.items():
+                scalars[f"planned_share/{name}"] = share
+            scalars["data_step"] = self.iterator.data_step_at(max(self.iterator.step_counter - 1, 0))
+        if delta[_DOCUMENTS]:
+            scalars["split_documents"] = delta[_SPLIT]
+            scalars["split_fraction"] = delta[_SPLIT] / delta[_DOCUMENTS]
         self.latest = {k: float(v) for k, v in scalars.items()}
         self.writer.write_scalars(step, {self.prefix + k: v for k, v in self.latest.items()})

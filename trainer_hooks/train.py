@@ -279,7 +279,8 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         state, metrics = step_fn(state, batch)
         if pending is not None:
             _log_step(batch_log, writer, *pending, log_every)
-        pending = (step, metrics, fingerprint, int(batch.inputs.shape[0]))
+        data_step = train_iter.data_step_at(step - 1)  # the batch of update `step`
+        pending = (step, data_step, metrics, fingerprint, int(batch.inputs.shape[0]))
         latest = metrics
         for hook in hooks:
             hook(step)
@@ -323,16 +324,28 @@ def _log_step(
     batch_log: Any,
     writer: Any,
     step: int,
+    data_step: int,
     metrics: Mapping[str, Any],
     fingerprint: str | None,
     batch_size: int,
     log_every: int,
 ) -> None:
-    """Logs a step once its (asynchronously computed) metrics are ready."""
+    """Logs a step once its (asynchronously computed) metrics are ready.
+
+    `data_step` is the plan's step of the batch (`xlstm-data batch --step`):
+    step - 1 unless `data.skip_steps` skipped data before it.
+    """
     loss, tokens = float(metrics["loss"]), int(metrics["tokens"])
-    batch_log.write(step, fingerprint=fingerprint, batch_size=batch_size, tokens=tokens, loss=loss)
+    batch_log.write(
+        step,
+        data_step=data_step,
+        fingerprint=fingerprint,
+        batch_size=batch_size,
+        tokens=tokens,
+        loss=loss,
+    )
     if step % log_every == 0:
-        writer.write_scalars(step, {"train/loss": loss})
+        writer.write_scalars(step, {"train/loss": loss, "train/data_step": data_step})
 
 
 def main(argv: list[str]) -> None:

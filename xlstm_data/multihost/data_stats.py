@@ -31,12 +31,17 @@ class BatchCounts:
       slots: All target positions (tokens plus padding).
       rows: Rows holding at least one token.
       component_tokens: Tokens per mixture component, in `component_names` order.
+      documents: Documents begun in the batch (pieces at a document's start;
+        planned batches only).
+      split_documents: Pieces continuing a document from an earlier row.
     """
 
     tokens: int
     slots: int
     rows: int
     component_tokens: np.ndarray
+    documents: int = 0
+    split_documents: int = 0
 
 
 def count_batch(
@@ -72,6 +77,8 @@ class DataCounters:
       rows: Rows with at least one token.
       component_tokens: Tokens per mixture component.
       wait_secs: Time `__next__` spent blocked waiting for a prepared batch.
+      documents: Documents begun (planned batches only).
+      split_documents: Pieces continuing a document from an earlier row.
     """
 
     component_names: Sequence[str] = ()
@@ -81,6 +88,8 @@ class DataCounters:
     rows: int = 0
     component_tokens: np.ndarray = dataclasses.field(init=False)
     wait_secs: float = 0.0
+    documents: int = 0
+    split_documents: int = 0
 
     def __post_init__(self):
         self.component_tokens = np.zeros(max(len(self.component_names), 1), dtype=np.int64)
@@ -92,6 +101,8 @@ class DataCounters:
             self.tokens += counts.tokens
             self.slots += counts.slots
             self.rows += counts.rows
+            self.documents += counts.documents
+            self.split_documents += counts.split_documents
             self.component_tokens = self.component_tokens + counts.component_tokens
 
     def _names(self) -> Sequence[str]:
@@ -105,6 +116,8 @@ class DataCounters:
             "slots": self.slots,
             "rows": self.rows,
             "wait_secs": self.wait_secs,
+            "documents": self.documents,
+            "split_documents": self.split_documents,
             "component_tokens": dict(
                 zip(self._names(), self.component_tokens.tolist(), strict=True)
             ),
@@ -117,10 +130,21 @@ class DataCounters:
         self.slots = int(state["slots"])
         self.rows = int(state["rows"])
         self.wait_secs = float(state["wait_secs"])
+        self.documents = int(state.get("documents", 0))
+        self.split_documents = int(state.get("split_documents", 0))
         saved = dict(state["component_tokens"])
         self.component_tokens = np.array([int(saved.get(n, 0)) for n in self._names()])
 
     def as_vector(self) -> np.ndarray:
-        """`[batches, tokens, slots, rows, wait_secs, *component_tokens]` as float64."""
-        head = [self.batches, self.tokens, self.slots, self.rows, self.wait_secs]
+        """`[batches, tokens, slots, rows, wait_secs, documents, split_documents,
+        *component_tokens]` as float64."""
+        head = [
+            self.batches,
+            self.tokens,
+            self.slots,
+            self.rows,
+            self.wait_secs,
+            self.documents,
+            self.split_documents,
+        ]
         return np.concatenate([np.asarray(head, np.float64), self.component_tokens.astype(float)])

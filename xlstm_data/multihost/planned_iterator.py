@@ -157,9 +157,12 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
     def _produce(self) -> _Prefetched:
         element = next(self._local_iterator)
         host = {k: np.asarray(v) for k, v in element["batch"].items()}
+        documents, split = (int(v) for v in element["piece_counts"])
         counts = dataclasses.replace(
             count_batch(host, None, len(self.component_names)),
             component_tokens=np.asarray(element["source_tokens"], dtype=np.int64),
+            documents=documents,
+            split_documents=split,
         )
         cursors = {int(row[0]): [int(v) for v in row[1:]] for row in element["cursors"]}
         device = form_global_batch(host, self.sharding, self.layout.host_count)
@@ -182,6 +185,12 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
     def data_step_at(self, step: int) -> int:
         """The data step (of the plan) behind the batch handed out at training step `step`."""
         return self.skips.data_step(step)
+
+    def mixture_stage_at(self, step: int) -> tuple[int, dict[str, float]]:
+        """`(stage index, {dataset: planned token share})` of the batch at training step `step`."""
+        stage = self.plan.spec.mixture.stage_at(self.data_step_at(step))
+        shares = self.plan.token_shares(stage)
+        return stage, dict(zip(self.plan.spec.names, shares.tolist(), strict=True))
 
     def batch_size_at(self, step: int) -> int:
         return self.plan.spec.batch.global_batch_size_at(self.data_step_at(step))

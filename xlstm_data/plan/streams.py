@@ -120,6 +120,11 @@ class GlobalPlan:
         ]
         self.__dict__.update(state)
 
+    def token_shares(self, stage: int) -> np.ndarray:
+        """Each source's planned share of the tokens in a mixture stage."""
+        tokens = self._shares[stage] * self.mean_tokens
+        return tokens / tokens.sum()
+
     # Geometry ---------------------------------------------------------------
 
     @property

@@ -110,6 +110,10 @@ class PlannedBatchDataset(grain.MapDataset):
         return {
             "batch": batch,
             "data_step": np.int64(step),
+            "piece_counts": np.array(
+                [np.count_nonzero(pieces.start == 0), np.count_nonzero(pieces.start > 0)],
+                dtype=np.int64,
+            ),
             "source_tokens": np.bincount(
                 pieces.source, weights=pieces.stop - pieces.start, minlength=len(spec.names)
             ).astype(np.int64),
