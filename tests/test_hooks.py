@@ -11,7 +11,6 @@ import pytest
 from jax_loop_utils.metric_writers import MemoryWriter
 
 import xlstm_data as xd
-from xlstm_data.plan.streams import HostPlanner
 from tests.helpers import assert_batches_equal, to_numpy
 from tests.multiprocess import run_processes
 from trainer_hooks import (
@@ -23,6 +22,7 @@ from trainer_hooks import (
     restore_or_initialize,
 )
 from trainer_hooks.batch_log import replay_check
+from xlstm_data.plan.streams import HostPlanner
 
 MESH_AXES = "dp:1,fsdp:-1,tp:1,sp:1"
 

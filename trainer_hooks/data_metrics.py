@@ -3,8 +3,9 @@
 Tokens/s, examples/s and padding say whether packing and throughput are as
 expected; per-component token shares, next to the shares the plan's current
 mixture stage asks for, say whether the mixture does what the config says;
-the documents split across rows say what packing costs; the current batch size follows the ramp-up; and the share of
-wall time the loop waited for data says whether the accelerator starved.
+the documents split across rows say what packing costs; the current batch
+size follows the ramp-up; and the share of wall time the loop waited for
+data says whether the accelerator starved.
 Figures cover the interval since the previous report. On several processes
 the counts are summed over data-loading hosts (replicas of one host are
 counted once) and the wait is the slowest process's, so every process must
@@ -97,11 +98,12 @@ class DataMetricsHook(StepAnchoredAction):
             scalars[f"share/{name}"] = component_tokens / tokens if tokens else 0.0
         stage_at = getattr(self.iterator, "mixture_stage_at", None)
         if stage_at is not None:  # the plan: its stage and planned shares next to the real ones
-            stage, planned = stage_at(max(self.iterator.step_counter - 1, 0))
+            last = max(self.iterator.step_counter - 1, 0)
+            stage, planned = stage_at(last)
             scalars["mixture_stage"] = stage
             for name, share in planned.items():
                 scalars[f"planned_share/{name}"] = share
-            scalars["data_step"] = self.iterator.data_step_at(max(self.iterator.step_counter - 1, 0))
+            scalars["data_step"] = self.iterator.data_step_at(last)
         if delta[_DOCUMENTS]:
             scalars["split_documents"] = delta[_SPLIT]
             scalars["split_fraction"] = delta[_SPLIT] / delta[_DOCUMENTS]
