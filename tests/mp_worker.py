@@ -183,6 +183,23 @@ def scenario_save_checkpoint(params: dict) -> dict:
     return {"step": train.step_counter}
 
 
+def scenario_planned_rows(params: dict) -> dict:
+    """This process's rows of `inputs` at `params["steps"]` of a config file's train iterator."""
+    import xlstm_data as xd
+    from xlstm_data.cli.inspect_config import load_config
+
+    config = load_config(params["config"])
+    train, evals = xd.iterators_from_config(config.data, build_mesh(params))
+    wanted, rows = set(params["steps"]), {}
+    for step in range(max(wanted) + 1):
+        batch = next(train)
+        if step in wanted:
+            rows[str(step)] = local_rows(batch.inputs)
+    for iterator in (train, *evals.values()):
+        iterator.close()
+    return rows
+
+
 def scenario_hooks(params: dict) -> dict:
     """CheckpointHook with every_secs on disagreeing clocks; DataMetricsHook totals."""
     import time
@@ -273,6 +290,7 @@ SCENARIOS = {
     "epoch": scenario_epoch,
     "rampup_resume": scenario_rampup_resume,
     "pad_shapes": scenario_pad_shapes,
+    "planned_rows": scenario_planned_rows,
 }
 
 

@@ -164,13 +164,13 @@ def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
 
 
 def test_saved_cursors_follow_datasets_by_name_when_the_datasets_change():
-    from xlstm_data.multihost.planned_iterator import _cursors_by_name
+    from xlstm_data.multihost.planned_iterator import cursors_by_name
 
     # [block, row, taken a, b, credit a, b, carried document a, b, its first position a, b]
     state = {"sources": ["a", "b"], "cursors": {"0": [3, 40, 7, 9, -5, -2, -1, 11, 0, 64]}}
-    assert _cursors_by_name(state, ["b"]) == {"0": [3, 40, 9, -2, 11, 64]}
-    assert _cursors_by_name(state, ["a", "b", "c"]) == {
+    assert cursors_by_name(state, ["b"]) == {"0": [3, 40, 9, -2, 11, 64]}
+    assert cursors_by_name(state, ["a", "b", "c"]) == {
         "0": [3, 40, 7, 9, 0, -5, -2, 0, -1, 11, -1, 0, 64, 0]
     }
     with pytest.raises(DataCheckpointError, match="corrupted"):
-        _cursors_by_name({"sources": ["a"], "cursors": {"0": [3, 40, 7]}}, ["a"])
+        cursors_by_name({"sources": ["a"], "cursors": {"0": [3, 40, 7]}}, ["a"])

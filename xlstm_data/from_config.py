@@ -93,6 +93,37 @@ def source_lengths(key: str, source: Any) -> Any:
         raise type(error)(f"{key}: {error}") from error
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """A config's train plan with its opened sources, for tools that need no mesh.
+
+    Attributes:
+      config: The validated data config (`eod_token_id` resolved).
+      plan: The train plan.
+      sources: The train datasets' sources by name (the ones the plan reads).
+    """
+
+    config: DataConfig
+    plan: GlobalPlan
+    sources: dict[str, Any]
+
+
+def open_train_plan(data_config: Any) -> TrainPlan:
+    """The train plan of a config: sources opened, lengths loaded, no document read."""
+    cfg: DataConfig = validate_data_config(data_config)
+    spec = train_plan_spec(cfg)
+    opened: dict[str, Any] = {}
+    for source in cfg.train:
+        if source.name in spec.names:
+            key = f"data.train.{source.name}"
+            opened[key] = _open(key, source)
+            resolve_eod_token_id(cfg.eod_token_id, opened)
+    cfg = dataclasses.replace(cfg, eod_token_id=resolve_eod_token_id(cfg.eod_token_id, opened))
+    sources = {n: opened[f"data.train.{n}"] for n in spec.names}
+    plan = GlobalPlan(spec, [source_lengths(f"data.train.{n}", sources[n]) for n in spec.names])
+    return TrainPlan(cfg, plan, sources)
+
+
 def iterators_from_config(
     data_config: Any, mesh: Mesh, *, batch_axis_names: str | Sequence[str] | None = None
 ) -> tuple[PlannedDataIterator, dict[str, PlannedDataIterator]]:

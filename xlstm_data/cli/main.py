@@ -1,8 +1,9 @@
-"""The `xlstm-data` command line: prepare, inspect and bench.
+"""The `xlstm-data` command line: prepare, inspect, batch and bench.
 
 `prepare` tokenizes raw text, JSONL or token arrays into ArrayRecord shards
 with an index; `inspect` prints what a config will do before a long run is
-launched; `bench` runs the benchmarks in `bench/`, or measures the pipeline
+launched; `batch` lists the documents in given steps of a config or a run;
+`bench` runs the benchmarks in `bench/`, or measures the pipeline
 of your own config. Every subcommand parses its flags with absl, and a config
 is read with ml_collections' `config_flags`, so `--config=run.py
 --config.data.global_batch_size=32` means the same here as for
@@ -309,6 +310,82 @@ INSPECT = Command(
 
 
 # ----------------------------------------------------------------------------
+# batch
+# ----------------------------------------------------------------------------
+
+
+def _define_batch(fv: flags.FlagValues, argv: Sequence[str]) -> None:
+    define_config_flag(
+        fv,
+        argv,
+        "run config, a .py file with get_config() (or give --workdir); override keys with "
+        "--config.KEY=VALUE, e.g. --config.data.skip_steps=[[100,200]]",
+    )
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "a run's directory: its data config and position come from its latest checkpoint",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "step", None, "the step to list (as the data config counts steps)", flag_values=fv
+    )
+    flags.DEFINE_string("steps", None, "steps A:B to list (B excluded)", flag_values=fv)
+    flags.DEFINE_integer(
+        "processes", 1, "data-loading processes, to show which one reads each row", flag_values=fv
+    )
+    flags.DEFINE_boolean("decode", False, "print each document piece's text", flag_values=fv)
+    flags.DEFINE_integer(
+        "chars", 200, "characters of text shown per piece with --decode (0: all)", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "jsonl",
+        None,
+        "also write one JSON record per row here (text too with --decode)",
+        flag_values=fv,
+    )
+
+
+def _batch(fv: flags.FlagValues, positional: list[str]) -> int:
+    from xlstm_data.cli.batch_contents import parse_steps, run_batch
+
+    if positional:
+        raise UsageError(f"unexpected arguments {positional}; batch takes only flags")
+    if fv.config is None and not fv.workdir:
+        raise UsageError("give --config=FILE or --workdir=DIR")
+    if fv.processes < 1:
+        raise UsageError(f"--processes={fv.processes} must be >= 1")
+    config = run_config(fv) if fv.config is not None else None
+    run_batch(
+        config,
+        fv.workdir,
+        parse_steps(fv.step, fv.steps),
+        processes=fv.processes,
+        decode=fv.decode,
+        jsonl=fv.jsonl,
+        chars=fv.chars,
+        out=sys.stdout,
+        err=sys.stderr,
+    )
+    return 0
+
+
+BATCH = Command(
+    name="batch",
+    summary="list the documents in each row of given steps (no data read)",
+    usage="batch (--config=FILE | --workdir=DIR) (--step=N | --steps=A:B) [flags]",
+    description=(
+        "Lists, for every row of the global batch at each step, the pieces of documents in it\n"
+        "(dataset, document index, token range) and the data host that reads it on\n"
+        "--processes processes, from the plan alone. Step N is the batch after N trained steps\n"
+        "(trained by update N+1), as ramp-up, mixture stages and data.skip_steps count steps."
+    ),
+    define=_define_batch,
+    run=_batch,
+)
+
+
+# ----------------------------------------------------------------------------
 # The dispatcher.
 # ----------------------------------------------------------------------------
 
@@ -322,7 +399,7 @@ def _bench_main(argv: Sequence[str]) -> int:
     return bench_main(list(argv))
 
 
-COMMANDS: dict[str, Command] = {"prepare": PREPARE, "inspect": INSPECT}
+COMMANDS: dict[str, Command] = {"prepare": PREPARE, "inspect": INSPECT, "batch": BATCH}
 #: Subcommands with their own entry point (same flags as `python -m bench.run`).
 DELEGATED = {"bench": ("run the benchmarks, or measure your config's pipeline", _bench_main)}
 

@@ -73,11 +73,12 @@ def identity_keys_of_unbound_sources(
     Checkpoints written before runs were bound to their data have none; their
     datasets are compared by config and document count only.
     """
-    bound = {key.split(".")[2] for key in saved if _is_identity_key(key)}
-    return [k for k in current if _is_identity_key(k) and k.split(".")[2] not in bound]
+    bound = {key.split(".")[2] for key in saved if is_identity_key(key)}
+    return [k for k in current if is_identity_key(k) and k.split(".")[2] not in bound]
 
 
-def _is_identity_key(key: str) -> bool:
+def is_identity_key(key: str) -> bool:
+    """Whether a flat key records a train dataset's data identity (files, checksum, tokenizer)."""
     parts = key.split(".")
     return len(parts) > 3 and parts[1] == "train" and parts[3] in IDENTITY_KEYS
 

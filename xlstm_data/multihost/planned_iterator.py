@@ -275,7 +275,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"{missing}, which data host {self.layout.host_index} of "
                 f"{self.layout.host_count} reads; the checkpoint is missing process files"
             )
-        remapped = _cursors_by_name(state, self.plan.spec.names)
+        remapped = cursors_by_name(state, self.plan.spec.names)
         self._restart({"step": step, "data_step": _saved_data_step(state), "cursors": remapped})
         counters = state.get("data_counters")
         if counters is not None:
@@ -334,7 +334,7 @@ def merge_plan_states(states: Sequence[Mapping[str, Any]], process_index: int) -
     return merged
 
 
-def _cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str, list[int]]:
+def cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str, list[int]]:
     """The saved cursors with their per-dataset counts in this plan's dataset order.
 
     A cursor's counts follow the saving run's datasets (`state["sources"]`);

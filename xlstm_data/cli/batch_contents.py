@@ -1,0 +1,237 @@
+"""`xlstm-data batch`: the documents in the rows of given steps, from a config or a run.
+
+With `--workdir` the run's own data config comes from its latest checkpoint
+(the data section every checkpoint records), so what is listed is what that
+run trained on, whatever the config file says today; the checkpoint's cursors
+start the planner when the asked steps lie after it. The files behind the
+datasets are compared with the ones the checkpoint recorded, and each changed
+file is named in a warning: the listing would describe other documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from etils import epath
+
+from xlstm_data.config.fingerprint import config_changes, flat_data_config, is_identity_key
+from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.from_config import TrainPlan, open_train_plan
+from xlstm_data.multihost.planned_iterator import cursors_by_name, merge_plan_states
+from xlstm_data.plan.contents import RowContents, step_rows
+from xlstm_data.plan.streams import Cursor
+from xlstm_data.sources.identity import IDENTITY_KEYS, describe_file_change, source_identity
+
+_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """The latest checkpoint of a run directory, as far as its data goes.
+
+    Attributes:
+      step: The checkpoint's training step.
+      data_step: The data step its cursors continue at.
+      flat_config: The flattened data config it recorded.
+      states: Every process's saved iterator state.
+    """
+
+    step: int
+    data_step: int
+    flat_config: dict[str, Any]
+    states: list[dict[str, Any]]
+
+    def data_config(self) -> dict[str, Any]:
+        """The data section, rebuilt from the recorded keys (data identities left out)."""
+        nested: dict[str, Any] = {}
+        for key, value in self.flat_config.items():
+            parts = key.split(".")[1:]
+            if parts[0] == "train" and len(parts) > 2 and parts[2] in (*IDENTITY_KEYS, "documents"):
+                continue
+            target = nested
+            for part in parts[:-1]:
+                target = target.setdefault(part, {})
+            target[parts[-1]] = value
+        return nested
+
+    def cursors(self, names: Sequence[str]) -> dict[int, Cursor]:
+        """Every logical stream's cursor, merged from all processes' files."""
+        merged = merge_plan_states(self.states, 0)
+        return {int(s): Cursor.from_list(c) for s, c in cursors_by_name(merged, names).items()}
+
+
+def read_saved_run(workdir: str) -> SavedRun:
+    """The latest checkpoint of `workdir` (its `checkpoints/` folder, or itself)."""
+    root = epath.Path(workdir)
+    if not root.exists():
+        raise DataConfigError(f"--workdir={workdir!r} does not exist")
+    directory = root / "checkpoints" if (root / "checkpoints").exists() else root
+    # orbax names a committed step's directory by the step alone (in-flight ones carry a suffix).
+    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir()]
+    step = max(steps, default=None)
+    if step is None:
+        raise DataConfigError(
+            f"--workdir={workdir!r} has no checkpoint (looked in {directory}); pass --config "
+            "to list a run's steps from its config instead"
+        )
+    data = directory / str(step) / "data"
+    files = sorted(p for p in data.glob("process_*-of-*.json") if _STATE_FILE.fullmatch(p.name))
+    if not files:
+        raise DataCheckpointError(f"checkpoint {directory / str(step)} holds no data state")
+    records = [json.loads(p.read_text()) for p in files]
+    header, state = records[0]["header"], records[0]["state"]
+    if header.get("data_config") is None or state.get("kind") != "plan":
+        raise DataCheckpointError(
+            f"checkpoint {directory / str(step)} was not saved by a planned iterator with its "
+            "data config; pass --config"
+        )
+    return SavedRun(
+        step=int(state["step"]),
+        data_step=int(state.get("data_step", state["step"])),
+        flat_config=dict(header["data_config"]),
+        states=[r["state"] for r in records],
+    )
+
+
+def changed_data(saved: SavedRun, opened: TrainPlan) -> list[str]:
+    """One line per change of the data behind the run since its checkpoint."""
+    identities = {
+        name: source_identity(opened.sources[name], lengths)
+        for name, lengths in zip(opened.plan.spec.names, opened.plan.lengths, strict=True)
+    }
+    current = flat_data_config(opened.config, None, identities)
+    before = {k: v for k, v in saved.flat_config.items() if is_identity_key(k)}
+    now = {k: v for k, v in current.items() if is_identity_key(k)}
+    return [
+        describe_file_change(key, old, new) or f"{key}: {old!r} -> {new!r}"
+        for key, old, new in config_changes(before, now)
+    ]
+
+
+def parse_steps(step: int | None, steps: str | None) -> range:
+    """`--step=N` or `--steps=A:B` (B excluded) as a range."""
+    if (step is None) == (steps is None):
+        raise DataConfigError("give exactly one of --step=N and --steps=A:B")
+    if step is not None:
+        if step < 0:
+            raise DataConfigError(f"--step={step} must be >= 0")
+        return range(step, step + 1)
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", steps)
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        raise DataConfigError(f"--steps={steps!r} is invalid; expected A:B with 0 <= A < B")
+    return range(int(match.group(1)), int(match.group(2)))
+
+
+def list_rows(
+    opened: TrainPlan,
+    steps: range,
+    *,
+    processes: int,
+    saved: SavedRun | None = None,
+) -> list[RowContents]:
+    """The rows of `steps`, planned from the checkpoint's cursors when they come first."""
+    skips = opened.config.skip_steps
+    cursors = None
+    same = saved is not None and _same_plan(saved, opened)
+    if same and skips.data_step(steps.start) >= saved.data_step:
+        cursors = saved.cursors(opened.plan.spec.names)
+    return list(step_rows(opened.plan, steps, skips=skips, hosts=processes, cursors=cursors))
+
+
+def _same_plan(saved: SavedRun, opened: TrainPlan) -> bool:
+    return flat_data_config(saved.data_config()) == flat_data_config(opened.config)
+
+
+def print_rows(
+    rows: Sequence[RowContents],
+    out: TextIO,
+    *,
+    tokenizers: Mapping[str, Any] | None = None,
+    sources: Mapping[str, Any] | None = None,
+    chars: int = 200,
+) -> None:
+    """Human-readable rows; with `tokenizers`, each piece's text (decoded, cut at `chars`)."""
+    previous = None
+    for row in rows:
+        if row.step != previous:
+            previous = row.step
+            count = sum(1 for r in rows if r.step == row.step)
+            behind = "" if row.data_step == row.step else f", data step {row.data_step}"
+            print(
+                f"step {row.step} (trained by update {row.step + 1}{behind}): {count} rows",
+                file=out,
+            )
+        parts = []
+        for piece in row.pieces:
+            first, last = piece.token_range
+            bos = "EOD+" if piece.start < piece.offset else ""
+            eod = "+EOD" if piece.stop - piece.offset > piece.tokens else ""
+            parts.append(
+                f"{piece.source}#{piece.document}[{bos}{first}:{last}{eod} of {piece.tokens}]"
+            )
+        print(f"  row {row.row:>4} host {row.data_host:>3}  " + "  ".join(parts), file=out)
+        if tokenizers is not None and sources is not None:
+            for piece in row.pieces:
+                text = _text(piece, sources, tokenizers, chars)
+                print(f"      {piece.source}#{piece.document}: {text}", file=out)
+
+
+def piece_text(piece: Any, sources: Mapping[str, Any], tokenizers: Mapping[str, Any]) -> str:
+    """The decoded text of a piece's tokens (end-of-document positions left out)."""
+    first, last = piece.token_range
+    ids = sources[piece.source][piece.document]["tokens"][first:last]
+    tokenizer = tokenizers.get(piece.source)
+    return tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids.tolist()))
+
+
+def _text(piece: Any, sources: Any, tokenizers: Any, chars: int) -> str:
+    text = piece_text(piece, sources, tokenizers)
+    text = text if not chars or len(text) <= chars else text[:chars] + "…"
+    return json.dumps(text, ensure_ascii=False)
+
+
+def run_batch(
+    config: Any,
+    workdir: str | None,
+    steps: range,
+    *,
+    processes: int = 1,
+    decode: bool = False,
+    jsonl: str | None = None,
+    chars: int = 200,
+    out: TextIO,
+    err: TextIO,
+) -> list[RowContents]:
+    """What `xlstm-data batch` does; returns the rows it listed."""
+    saved = read_saved_run(workdir) if workdir else None
+    if config is None and saved is None:
+        raise DataConfigError("give --config=FILE or --workdir=DIR (a run with a checkpoint)")
+    opened = open_train_plan(config.data if config is not None else saved.data_config())
+    if saved is not None:
+        changes = changed_data(saved, opened)
+        if changes:
+            print(
+                f"warning: the data behind {workdir} changed since its checkpoint at step "
+                f"{saved.step}; the rows below are planned on today's data:",
+                file=err,
+            )
+            for line in changes:
+                print(f"warning:   {line}", file=err)
+    rows = list_rows(opened, steps, processes=processes, saved=saved)
+    tokenizers = None
+    if decode:
+        tokenizers = {name: source.tokenizer for name, source in opened.sources.items()}
+    if jsonl:
+        with epath.Path(jsonl).open("w") as file:
+            for row in rows:
+                record = row.to_json()
+                if tokenizers is not None:
+                    for entry, piece in zip(record["documents"], row.pieces, strict=True):
+                        entry["text"] = piece_text(piece, opened.sources, tokenizers)
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+    print_rows(rows, out, tokenizers=tokenizers, sources=opened.sources, chars=chars)
+    return rows
