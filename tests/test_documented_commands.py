@@ -38,9 +38,24 @@ ELASTIC = (
     "--num_processes=2 --process_id=$RANK"
 )
 
+#: The README's "after a loss spike" commands, in order, on the demo run continued by ELASTIC.
+SPIKE_BATCHES = (
+    "xlstm-data batch --workdir=demo_workdir --steps=310:318 --processes=2 --decode --chars=60"
+)
+SPIKE_MOVE = "mv demo_workdir/checkpoints/320 demo_workdir/spiked_320"
+SPIKE_RESUME = (
+    "python -m trainer_hooks.train --config=configs/demo.py --workdir=demo_workdir "
+    "--cpu_devices=2 --config.num_train_steps=340 --config.data.skip_steps='[[300,320]]'"
+)
+SPIKE_STEP = "xlstm-data batch --workdir=demo_workdir --step=330"
+
 #: Documented command -> "tests.module::test" that runs it.
 COVERED_BY = {
     ELASTIC: "tests.test_documented_commands::test_make_demo",
+    SPIKE_BATCHES: "tests.test_documented_commands::test_make_demo",
+    SPIKE_MOVE: "tests.test_documented_commands::test_make_demo",
+    SPIKE_RESUME: "tests.test_documented_commands::test_make_demo",
+    SPIKE_STEP: "tests.test_documented_commands::test_make_demo",
     "make demo": "tests.test_documented_commands::test_make_demo",
     "make test": ".ci/run (CI runs the suite with it)",
     PREPARE: "tests.test_documented_commands::test_readme_prepare_command",
@@ -132,7 +147,7 @@ def test_readme_multihost_command_on_4_processes(tmp_path):
 
 
 def test_make_demo(tmp_path):
-    """`make demo`, then the README's command that continues it on 2 processes."""
+    """`make demo`, the README's command that continues it on 2 processes, then its loss spike."""
     demo = tmp_path / "demo"
     result = subprocess.run(
         ["make", "demo", f"DEMO_DIR={demo}"],
@@ -158,3 +173,24 @@ def test_make_demo(tmp_path):
         "process_0-of-2.json",
         "process_1-of-2.json",
     ]
+    _after_a_loss_spike(demo, log)
+
+
+def _after_a_loss_spike(demo: Path, log: list[dict]) -> None:
+    """The README's loss-spike section, run as written on the continued demo run."""
+    listed, _, resumed, step = [
+        shell(command.replace("demo_workdir", str(demo)), REPO)
+        for command in (SPIKE_BATCHES, SPIKE_MOVE, SPIKE_RESUME, SPIKE_STEP)
+    ]
+    rows = re.findall(r"^  row +\d+ host +(\d+) ", listed.stdout, re.M)
+    assert len(rows) == 8 * 32 and set(rows) == {"0", "1"}  # 8 steps of 32 rows, 2 hosts
+    assert "step 317 (trained by update 318): 32 rows" in listed.stdout
+    assert re.search(r'^      \w+#\d+: ".+"$', listed.stdout, re.M)  # decoded text
+    assert "resumed_from_step: 300" in resumed.stdout and "final_step: 340" in resumed.stdout
+    assert "step 330 (trained by update 331, data step 350): 32 rows" in step.stdout
+    before = {r["step"]: r for r in log}
+    lines = (demo / "batches.jsonl").read_text().splitlines()
+    after = [json.loads(line) for line in lines if line.endswith("}")][-40:]
+    assert [(r["step"], r["data_step"]) for r in after] == [(s, s + 19) for s in range(301, 341)]
+    # The skipped data is not trained on: update 301 differs from the first run's.
+    assert after[0]["fingerprint"] != before[301]["fingerprint"]

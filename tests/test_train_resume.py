@@ -182,18 +182,21 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted
     assert any("data/share/long" in m for m in metrics)
     assert any("eval/held_out/loss" in m for m in metrics)
 
-    # Continuing with another mixture schedule is refused, naming the key...
-    schedule = (
-        "[[0, {'long': 0.7, 'short': 0.3}], [5, {'long': 0.2, 'short': 0.8}], "
-        "[32, {'long': 0.5, 'short': 0.5}]]"
-    )
-    more = ["--config.num_train_steps=34", f"--config.data.mixture_schedule={schedule}"]
-    output = wait_all(launch(resumed, 1, *more), expect=1)
+    # A mixture stage that starts after the checkpoint changes no trained step: accepted...
+    future = "[32, {'long': 0.5, 'short': 0.5}]"
+    stages = "[0, {'long': 0.7, 'short': 0.3}], [%s, {'long': 0.2, 'short': 0.8}], " + future
+    schedule = f"--config.data.mixture_schedule=[{stages % 5}]"
+    wait_all(launch(resumed, 1, "--config.num_train_steps=32", schedule))
+    assert records(resumed)[-1]["step"] == 32
+    # ...one that moves an already-trained stage is refused, naming the key and the step...
+    moved = ["--config.num_train_steps=34", f"--config.data.mixture_schedule=[{stages % 6}]"]
+    output = wait_all(launch(resumed, 1, *moved), expect=1)
     assert "data.mixture_schedule: [[0, " in output
-    assert records(resumed)[-1]["step"] == STEPS
+    assert "the mixture weights change at step 5, before the checkpoint's data step 32" in output
+    assert records(resumed)[-1]["step"] == 32
     # ...unless the change is allowed explicitly.
-    wait_all(launch(resumed, 1, *more, "--allow_data_config_change=data.mixture_schedule"))
-    assert [r["step"] for r in records(resumed)[-4:]] == [31, 32, 33, 34]
+    wait_all(launch(resumed, 1, *moved, "--allow_data_config_change=data.mixture_schedule"))
+    assert [r["step"] for r in records(resumed)[-2:]] == [33, 34]
 
 
 def test_two_process_run_killed_and_restarted_resumes_exactly(tmp_path, uninterrupted_run):
@@ -231,6 +234,24 @@ def test_a_2_process_checkpoint_resumes_on_3_and_on_1_process_with_identical_bat
             f"process_{i}-of-{processes}.json" for i in range(processes)
         }
     assert {expected[8]["batch_size"], expected[14]["batch_size"]} == {12, 24}
+
+    # Skipping data on resume, on another process count: step 7 (the batch of update 8)
+    # trains on data step 12, which the reference trained at update 13.
+    workdir = tmp_path / "skipping_on_1"
+    shutil.copytree(reference, workdir, ignore=shutil.ignore_patterns("*.log"))
+    for step in committed_steps(workdir):
+        if step > 7:
+            shutil.rmtree(workdir / "checkpoints" / str(step))
+    skip = "--config.data.skip_steps=[[7, 12]]"
+    wait_all(launch(workdir, 1, "--config.num_train_steps=10", skip))
+    got = records(workdir)[-3:]
+    assert [(r["step"], r["data_step"]) for r in got] == [(8, 12), (9, 13), (10, 14)]
+    for record in got:
+        want = expected[record["data_step"] + 1]
+        assert (record["fingerprint"], record["batch_size"]) == (
+            want["fingerprint"],
+            want["batch_size"],
+        ), f"step {record['step']} is not the reference's data step {record['data_step']}"
 
 
 def sigterm_after(workdir, num_processes: int, after_step: int, *flags: str) -> int:

@@ -97,19 +97,42 @@ def read_saved_run(workdir: str) -> SavedRun:
     )
 
 
-def changed_data(saved: SavedRun, opened: TrainPlan) -> list[str]:
-    """One line per change of the data behind the run since its checkpoint."""
-    identities = {
-        name: source_identity(opened.sources[name], lengths)
-        for name, lengths in zip(opened.plan.spec.names, opened.plan.lengths, strict=True)
-    }
-    current = flat_data_config(opened.config, None, identities)
+def changed_data(saved: SavedRun, identities: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per change of the data behind a run since its checkpoint.
+
+    Args:
+      saved: The run's latest checkpoint.
+      identities: Today's `source_identity` of each train dataset.
+    """
     before = {k: v for k, v in saved.flat_config.items() if is_identity_key(k)}
+    known = {n: v for n, v in identities.items() if f"data.train.{n}.kind" in saved.flat_config}
+    current = flat_data_config(saved.data_config(), None, known)
     now = {k: v for k, v in current.items() if is_identity_key(k)}
     return [
         describe_file_change(key, old, new) or f"{key}: {old!r} -> {new!r}"
         for key, old, new in config_changes(before, now)
     ]
+
+
+def warn_about_changed_data(saved: SavedRun, identities: Any, workdir: str, err: TextIO) -> None:
+    """Prints a warning naming each changed file behind the run (nothing if none changed)."""
+    changes = changed_data(saved, identities)
+    if changes:
+        print(
+            f"warning: the data behind {workdir} changed since its checkpoint at step "
+            f"{saved.step}; what follows is planned on today's data:",
+            file=err,
+        )
+        for line in changes:
+            print(f"warning:   {line}", file=err)
+
+
+def plan_identities(opened: TrainPlan) -> dict[str, dict[str, Any]]:
+    """Today's identity of each train dataset of a plan."""
+    return {
+        name: source_identity(opened.sources[name], lengths)
+        for name, lengths in zip(opened.plan.spec.names, opened.plan.lengths, strict=True)
+    }
 
 
 def parse_steps(step: int | None, steps: str | None) -> range:
@@ -212,15 +235,7 @@ def run_batch(
         raise DataConfigError("give --config=FILE or --workdir=DIR (a run with a checkpoint)")
     opened = open_train_plan(config.data if config is not None else saved.data_config())
     if saved is not None:
-        changes = changed_data(saved, opened)
-        if changes:
-            print(
-                f"warning: the data behind {workdir} changed since its checkpoint at step "
-                f"{saved.step}; the rows below are planned on today's data:",
-                file=err,
-            )
-            for line in changes:
-                print(f"warning:   {line}", file=err)
+        warn_about_changed_data(saved, plan_identities(opened), workdir, err)
     rows = list_rows(opened, steps, processes=processes, saved=saved)
     tokenizers = None
     if decode:

@@ -136,7 +136,9 @@ def inspect_config(
     name: str | None = None,
     png: str | None = None,
     plot_steps: int | None = None,
+    workdir: str | None = None,
     out: TextIO,
+    err: TextIO | None = None,
 ) -> dict[str, Any]:
     """Prints the data plan of a config, a decoded sample batch, and plots the first steps.
 
@@ -148,7 +150,10 @@ def inspect_config(
         current directory).
       plot_steps: Steps of the real pipeline to plot (default: the run's
         `num_train_steps`, at most 300).
+      workdir: A run directory whose latest checkpoint's data files are
+        compared with today's (a warning names each changed file).
       out: Where the plan is printed.
+      err: Where warnings go (default `out`).
 
     Returns:
       The plan as a dict (also what was printed).
@@ -163,6 +168,11 @@ def inspect_config(
     batch_axes = config.get("mesh", {}).get("batch_axis_names")
     train, evals = iterators_from_config(config, mesh, batch_axis_names=batch_axes)
     layout = train.layout
+    if workdir:
+        from xlstm_data.cli.batch_contents import read_saved_run, warn_about_changed_data
+
+        saved = read_saved_run(workdir)
+        warn_about_changed_data(saved, train.source_identities, workdir, err or out)
     mixture = data.mixture  # data.mixture_schedule, or the static weights as one stage
     plan: dict[str, Any] = {"config": config_path, "sources": [], "stages": []}
     print(f"config {config_path}: mesh {mesh_dims} {dict(mesh.shape)}", file=out)
@@ -208,11 +218,10 @@ def inspect_config(
     plan["mixture_schedule"] = [
         [start, stage] for start, stage in zip(mixture.starts, shares, strict=True)
     ]
-    if len(mixture.starts) > 1:
-        print("mixture stages (expected token shares):", file=out)
-        for start, stage in plan["mixture_schedule"]:
-            parts = ", ".join(f"{n} {share:.1%}" for n, share in stage.items())
-            print(f"  from step {start:>7}: {parts}", file=out)
+    print("mixture stages (planned token shares; steps count batches, as ramp-up does):", file=out)
+    for index, (start, stage) in enumerate(plan["mixture_schedule"]):
+        parts = ", ".join(f"{n} {share:.1%}" for n, share in stage.items())
+        print(f"  stage {index} from step {start:>7}: {parts}", file=out)
     spec = train.plan.spec
     print(
         f"packing: {spec.packing}; logical streams: {spec.streams}; "
@@ -249,6 +258,11 @@ def inspect_config(
         print(f"\nepoch length: {epoch.steps:,} steps ({kind})", file=out)
     elif data.num_epochs is None:
         print("\nepoch length: unbounded (datasets repeat; num_train_steps ends the run)", file=out)
+        passes = one_pass_steps(train.plan, {n: c[2] for n, c in counts.items()})
+        plan["one_pass_steps"] = passes
+        for name, steps in passes.items():
+            when = f"~{steps:,} steps" if steps is not None else "never (weight 0 from some stage)"
+            print(f"  one pass over {name}: {when} (at the planned token shares)", file=out)
     else:
         print(
             "\nepoch length: unknown without reading (prepare the data for an exact count)",
@@ -282,9 +296,36 @@ def inspect_config(
     return plan
 
 
+def one_pass_steps(plan: Any, tokens: dict[str, int]) -> dict[str, int | None]:
+    """Steps until each dataset's tokens have all been planned once, at the planned shares.
+
+    Walks the ramp-up and mixture stages: a dataset gets its stage's token
+    share of each step's rows. An estimate (padding and the documents cut at
+    block ends are left out); a finite run's epoch length is exact instead.
+    """
+    spec = plan.spec
+    starts = sorted({0, *spec.mixture.starts, *(s.start_step for s in spec.batch.stages())})
+    out: dict[str, int | None] = {}
+    for index, name in enumerate(spec.names):
+        left, result = float(tokens[name]), None
+        for i, start in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else None
+            share = float(plan.token_shares(spec.mixture.stage_at(start))[index])
+            rate = share * spec.batch.global_batch_size_at(start) * spec.row_length
+            if rate <= 0:
+                continue
+            steps = left / rate
+            if end is None or steps <= end - start:
+                result = start + int(np.ceil(steps))
+                break
+            left -= rate * (end - start)
+        out[name] = result
+    return out
+
+
 def _run_steps(train: Any, steps: int) -> dict[str, Any]:
     names = train.component_names or ("all",)
-    batch_sizes, tokens, slots, per_component = [], [], [], []
+    batch_sizes, tokens, slots, per_component, planned = [], [], [], [], []
     first = None
     for _ in range(steps):
         try:
@@ -297,6 +338,9 @@ def _run_steps(train: Any, steps: int) -> dict[str, Any]:
         tokens.append(counters.tokens)
         slots.append(counters.slots)
         per_component.append(counters.component_tokens.copy())
+        stage_at = getattr(train, "mixture_stage_at", None)
+        if stage_at is not None:
+            planned.append(list(stage_at(train.step_counter - 1)[1].values()))
     tokens_arr = np.diff([0, *tokens])
     slots_arr = np.diff([0, *slots])
     cumulative = np.asarray(per_component, dtype=float)
@@ -308,6 +352,7 @@ def _run_steps(train: Any, steps: int) -> dict[str, Any]:
         "tokens": tokens_arr,
         "slots": slots_arr,
         "cumulative_component_tokens": cumulative,
+        "planned_share": np.asarray(planned) if planned else None,
         "component_share": {
             n: float(cumulative[-1][i] / total) if total else 0.0 for i, n in enumerate(names)
         },
@@ -330,9 +375,22 @@ def _plot(history: dict[str, Any], png: str, title: str) -> None:
     axes[1].legend()
     cumulative = history["cumulative_component_tokens"]
     totals = np.maximum(cumulative.sum(axis=1, keepdims=True), 1)
+    per_step = np.diff(np.vstack([np.zeros((1, cumulative.shape[1])), cumulative]), axis=0)
+    per_step_totals = np.maximum(per_step.sum(axis=1), 1)
+    planned = history.get("planned_share")
     for i, name in enumerate(history["names"]):
-        axes[2].plot(steps, cumulative[:, i] / totals[:, 0], label=name)
-    axes[2].set_ylabel("token share (cumulative)")
+        (line,) = axes[2].plot(steps, cumulative[:, i] / totals[:, 0], label=f"{name} (cumulative)")
+        axes[2].plot(steps, per_step[:, i] / per_step_totals, ":", color=line.get_color(), lw=0.8)
+        if planned is not None:
+            axes[2].step(
+                steps,
+                planned[:, i],
+                "--",
+                where="post",
+                color=line.get_color(),
+                label=f"{name} planned",
+            )
+    axes[2].set_ylabel("token share (dotted: per step)")
     axes[2].set_xlabel("step")
     axes[2].legend()
     figure.suptitle(f"xlstm-data inspect: {title}")

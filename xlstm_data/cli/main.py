@@ -270,6 +270,12 @@ def _define_inspect(fv: flags.FlagValues, argv: Sequence[str]) -> None:
         "CPU devices to plan the mesh with (default: what the mesh's fixed axes need)",
         flag_values=fv,
     )
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "a run of this config: warn when the files behind its latest checkpoint changed",
+        flag_values=fv,
+    )
 
 
 def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
@@ -291,7 +297,9 @@ def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
         name=fv["config"].config_filename,
         png=fv.png,
         plot_steps=fv.steps,
+        workdir=fv.workdir,
         out=sys.stdout,
+        err=sys.stderr,
     )
     return 0
 
