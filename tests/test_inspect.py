@@ -65,8 +65,64 @@ def test_plan_shows_the_mixture_schedule_not_the_static_weights(tmp_path):
         [0, {"code": 0.5, "prose": 0.5}],
         [50, {"code": 0.0, "prose": 1.0}],
     ]
-    assert "from step      50: code 0.0%, prose 100.0%" in out.getvalue()
+    assert "stage 1 from step      50: code 0.0%, prose 100.0%" in out.getvalue()
     assert "packing: best_fit" in out.getvalue()
+    # One pass over each dataset at the planned shares: code is off from step 50.
+    assert plan["one_pass_steps"]["code"] is None
+    assert "one pass over code: never" in out.getvalue()
+    assert 0 < plan["one_pass_steps"]["prose"] < 50  # 10 small files
+
+
+def test_one_pass_follows_the_rampup_and_the_stages():
+    from xlstm_data.cli.inspect_config import one_pass_steps
+    from xlstm_data.from_config import open_train_plan
+
+    data = {
+        "train": {"a": {"kind": "synthetic", "num_documents": 10, "mean_length": 8}},
+        "global_batch_size": 4,
+        "max_target_length": 16,
+        "rampup": [[0, 0.5], [10, 1.0]],
+    }
+    plan = open_train_plan(data).plan
+    # 10 steps of 2 x 16 tokens, then 4 x 16: 1000 tokens take 10 + ceil(680 / 64) steps.
+    assert one_pass_steps(plan, {"a": 1000}) == {"a": 21}
+
+
+def test_inspect_warns_when_the_data_behind_a_workdir_changed(tmp_path):
+    import io
+
+    import orbax.checkpoint as ocp
+
+    import xlstm_data as xd
+    from tests.test_checkpoint import save
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i} of the corpus\n" for i in range(50)))
+    config = load_config(str(CONFIGS[[p.stem for p in CONFIGS].index("demo")]))
+    config.data.train = {"text": {"kind": "text", "path": str(corpus)}}
+    config.data.eval = {}
+    train, _ = xd.iterators_from_config(config.data, xd.create_mesh())
+    next(train)
+    manager = ocp.CheckpointManager(tmp_path / "run" / "checkpoints")
+    save(manager, 1, {"w": 1.0}, train)
+    manager.wait_until_finished()
+    train.close()
+
+    def warnings() -> str:
+        err = io.StringIO()
+        inspect_config(
+            config,
+            png=str(tmp_path / "p.png"),
+            plot_steps=1,
+            workdir=str(tmp_path / "run"),
+            out=io.StringIO(),
+            err=err,
+        )
+        return err.getvalue()
+
+    assert warnings() == ""
+    corpus.write_text(corpus.read_text() + "one more line\n")
+    assert f"warning:   {corpus} (data.train.text) changed: size" in warnings()
 
 
 def test_bad_override_and_missing_config_are_named(tmp_path, capsys):
