@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.multiprocess import REPO, free_port, run_train_processes, subprocess_env
 
 DOCS = ("README.md", "configs/README.md", "bench/README.md")
@@ -146,6 +148,7 @@ def test_readme_multihost_command_on_4_processes(tmp_path):
     ]
 
 
+@pytest.mark.timeout(600)  # the demo, its 2-process continuation and the loss-spike steps
 def test_make_demo(tmp_path):
     """`make demo`, the README's command that continues it on 2 processes, then its loss spike."""
     demo = tmp_path / "demo"
