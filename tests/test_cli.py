@@ -76,7 +76,8 @@ def test_top_level_help_and_unknown_command(tmp_path):
         assert f"  {name} " in result.stdout
     result = xlstm_data("prepair", cwd=tmp_path)
     assert result.returncode == 2
-    assert "unknown command 'prepair'; valid: ['prepare', 'inspect', 'batch', 'bench']" in result.stderr
+    valid = "['prepare', 'inspect', 'batch', 'bench']"
+    assert f"unknown command 'prepair'; valid: {valid}" in result.stderr
 
 
 def test_prepare_help_shows_every_flag_with_its_default(tmp_path):
