@@ -48,6 +48,17 @@ def _build(config):
     return train
 
 
+def _checkpoint_after(tmp_path, config, steps: int) -> ocp.CheckpointManager:
+    """A checkpoint of `config`'s run at step `steps`."""
+    train = _build(config)
+    _take(train, steps)
+    manager = ocp.CheckpointManager(tmp_path / "ckpt")
+    save(manager, steps, STATE, train)
+    manager.wait_until_finished()
+    train.close()
+    return manager
+
+
 @pytest.fixture(scope="module")
 def reference():
     train = _build(DATA)
@@ -101,12 +112,7 @@ def test_a_skipped_range_gives_its_first_step_the_data_of_its_end(reference):
 
 
 def test_a_skip_range_added_on_resume_continues_at_its_end(tmp_path, reference):
-    train = _build(DATA)
-    _take(train, 12)
-    manager = ocp.CheckpointManager(tmp_path / "ckpt")
-    save(manager, 12, STATE, train)
-    manager.wait_until_finished()
-    train.close()
+    manager = _checkpoint_after(tmp_path, DATA, 12)
 
     resumed = _build({**DATA, "skip_steps": [[12, 30]]})
     try:
@@ -136,12 +142,7 @@ def test_a_future_mixture_stage_added_on_resume_equals_a_run_that_had_it(tmp_pat
     finally:
         planned.close()
 
-    train = _build(DATA)
-    _take(train, 7)
-    manager = ocp.CheckpointManager(tmp_path / "ckpt")
-    save(manager, 7, STATE, train)
-    manager.wait_until_finished()
-    train.close()
+    manager = _checkpoint_after(tmp_path, DATA, 7)
 
     resumed = _build(with_stage)
     try:
@@ -179,12 +180,7 @@ def _text_corpus(directory) -> dict:
 
 def test_a_resume_on_changed_files_is_refused_naming_each_file(tmp_path):
     config = _text_corpus(tmp_path / "corpus")
-    train = _build(config)
-    _take(train, 3)
-    manager = ocp.CheckpointManager(tmp_path / "ckpt")
-    save(manager, 3, STATE, train)
-    manager.wait_until_finished()
-    train.close()
+    manager = _checkpoint_after(tmp_path, config, 3)
     record = (tmp_path / "ckpt" / "3" / "data" / "process_0-of-1.json").read_text()
     assert "lengths_sha256" in record and "part-2.txt" in record
 
