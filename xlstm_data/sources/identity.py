@@ -7,9 +7,11 @@ A checkpoint therefore records, per train dataset, every file behind it
 the tokenizer's identity, and a resume on data that changed is refused naming
 each changed file (`xlstm_data.checkpoint`).
 
-The lengths checksum is sha256 over the int64 lengths: about 0.4 s per 10^8
-documents, computed once per run when the first checkpoint is saved or
-restored, not when the iterator is built.
+The lengths checksum is sha256 over the int64 lengths: 0.16 s per 10^7
+documents measured on a 2-core VM, computed once per run when the first
+checkpoint is saved or restored, not when the iterator is built. The file
+table costs about 100 bytes per file in each process's state file (the demo's
+168 files: a 20 KB record).
 """
 
 from __future__ import annotations
