@@ -69,12 +69,16 @@ def reference():
 
 
 def test_the_data_step_map_of_skip_ranges():
+    # Ranges are data steps: training steps walk the data steps and jump over them.
     skips = parse_skip_steps([[10, 20], [30, 35]])
-    assert [skips.data_step(t) for t in (0, 9, 10, 19, 29, 30, 31)] == [0, 9, 20, 29, 39, 45, 46]
-    assert skips.skipped_data_steps() == [(10, 20), (40, 45)]
+    steps = (0, 9, 10, 19, 20, 29, 30)
+    assert [skips.data_step(t) for t in steps] == [0, 9, 20, 29, 35, 44, 45]
+    assert skips.skipped_data_steps() == [(10, 20), (30, 35)]
     # A finite run of 50 data steps has 35 training steps (15 skipped).
     assert skips.train_steps_before(50) == 35
     assert StepSkips().data_step(7) == 7
+    # A second spike inside the data a first range jumped to is a range after it.
+    assert parse_skip_steps([[10, 20], [25, 27]]).data_step(15) == 27
 
 
 @pytest.mark.parametrize(
@@ -130,7 +134,7 @@ def test_a_skip_range_added_on_resume_continues_at_its_end(tmp_path, reference):
     finally:
         early.close()
     message = str(error.value)
-    assert "data.skip_steps=[[8, 10]]" in message and "step 12" in message
+    assert "data.skip_steps=[[8, 10]]" in message and "data step 12" in message
 
 
 def test_a_future_mixture_stage_added_on_resume_equals_a_run_that_had_it(tmp_path, reference):

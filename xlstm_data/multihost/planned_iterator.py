@@ -265,7 +265,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             )
         step = int(state["step"])
         saved_skips = StepSkips(tuple(tuple(r) for r in state.get("skip_steps", ())))
-        self.skips.check_resume(saved_skips, step, _saved_data_step(state))
+        self.skips.check_resume(saved_skips, _saved_data_step(state))
         self._check_schedule(state)
         cursors = _cursors_from(state)
         missing = [s for s in self.plan.host_streams(*self._host()) if s not in cursors]

@@ -1,21 +1,23 @@
 """Steps of data skipped after a loss spike: which data step each trained step gets.
 
-The plan is a function of the *data step*. `data.skip_steps = [[start, end],
-...]` lists ranges of *training* steps whose data is never trained on: at
-training step `start` the run jumps ahead by `end - start` data steps, so step
-`start` trains on what step `end` would have, and every later step stays that
-far ahead (ranges add up). Mixture stages and ramp-up stages are data steps,
-so the batches that are trained on are exactly the ones an unskipped run
-would have produced, minus the skipped ones.
+The plan is a function of the *data step*: the batch planned for step s.
+`data.skip_steps = [[start, end], ...]` lists ranges of data steps that are
+never trained on. Training steps walk the data steps in order and jump over
+each range: without earlier ranges, training step `start` trains on the batch
+planned for step `end`. Ranges are data steps, the numbers `xlstm-data batch`
+and the batch log (`data_step`) show, so a second spike after a first skip is
+named in the same numbers. Mixture and ramp-up stages are data steps too, so
+the batches that are trained on are exactly those of an unskipped run, minus
+the skipped ones.
 
 The map is a pure function of the ranges, so a restart skips the same data on
-any number of hosts; a range may be added when resuming from a checkpoint at
-or before its start (`check_resume`), since the steps before are unchanged.
+any number of hosts. A range may be added when resuming from a checkpoint
+whose data position is at or before its start (`check_resume`): the data
+before it is unchanged.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +30,7 @@ _EXAMPLE = "[[41000, 41400]]"
 
 @dataclasses.dataclass(frozen=True)
 class StepSkips:
-    """Sorted, non-overlapping `[start, end)` ranges of training steps.
+    """Sorted, non-overlapping `[start, end)` ranges of data steps never trained on.
 
     Attributes:
       ranges: `(start, end)` pairs, `0 <= start < end`, each start at or
@@ -37,22 +39,16 @@ class StepSkips:
 
     ranges: tuple[tuple[int, int], ...] = ()
 
-    def __post_init__(self) -> None:
-        starts = [start for start, _ in self.ranges]
-        object.__setattr__(self, "_starts", starts)
-        offsets, total = [], 0
-        for start, end in self.ranges:
-            total += end - start
-            offsets.append(total)
-        object.__setattr__(self, "_offsets", offsets)
-
     def __bool__(self) -> bool:
         return bool(self.ranges)
 
     def data_step(self, step: int) -> int:
         """The data step whose planned batch training step `step` trains on."""
-        passed = bisect.bisect_right(self._starts, step)
-        return step + (self._offsets[passed - 1] if passed else 0)
+        data_step = step
+        for start, end in self.ranges:  # sorted: each jump can only reach later ranges
+            if data_step >= start:
+                data_step += end - start
+        return data_step
 
     def train_steps_before(self, data_steps: int) -> int:
         """Training steps whose data step is below `data_steps` (a finite run's length)."""
@@ -66,49 +62,41 @@ class StepSkips:
         return low
 
     def skipped_data_steps(self) -> list[tuple[int, int]]:
-        """The `[first, end)` ranges of data steps that no training step gets."""
-        out, before = [], 0
-        for start, end in self.ranges:
-            out.append((start + before, end + before))
-            before += end - start
-        return out
+        """The `[start, end)` ranges of data steps that no training step gets."""
+        return list(self.ranges)
 
     def to_pairs(self) -> list[list[int]]:
         return [[start, end] for start, end in self.ranges]
 
-    def check_resume(self, saved: StepSkips, step: int, data_step: int) -> None:
-        """Refuses ranges that would change steps already trained.
+    def check_resume(self, saved: StepSkips, data_step: int) -> None:
+        """Refuses ranges that would change data already trained on.
 
         Args:
           saved: The ranges of the run that saved the checkpoint.
-          step: The checkpoint's training step (steps before it are trained).
-          data_step: The data step the saved position continues at.
+          data_step: The data step the saved position continues at (every
+            data step before it was trained on or skipped already).
 
         Raises:
-          DataCheckpointError: If a range starting before `step` was added,
-            removed or changed.
+          DataCheckpointError: If a range starting before `data_step` was
+            added, removed or changed.
         """
-        before = [r for r in self.ranges if r[0] < step]
-        saved_before = [r for r in saved.ranges if r[0] < step]
-        if before != saved_before:
-            added = sorted(set(before) - set(saved_before))
-            removed = sorted(set(saved_before) - set(before))
-            what = (
-                f"range [{added[0][0]}, {added[0][1]}) starts before"
-                if added
-                else f"range [{removed[0][0]}, {removed[0][1]}), which the checkpointed run "
-                "followed, was removed or changed before"
-            )
-            raise DataCheckpointError(
-                f"{DEFAULT_KEY}={self.to_pairs()}: {what} the checkpoint's step {step}, whose "
-                f"steps are trained already (the checkpoint's ranges: {saved.to_pairs()}); "
-                f"ranges added on resume must start at step {step} or later"
-            )
-        if self.data_step(step) < data_step:  # cannot happen with equal past ranges
-            raise DataCheckpointError(
-                f"{DEFAULT_KEY}={self.to_pairs()} would give step {step} the data of step "
-                f"{self.data_step(step)}, before the saved position at data step {data_step}"
-            )
+        before = [r for r in self.ranges if r[0] < data_step]
+        saved_before = [r for r in saved.ranges if r[0] < data_step]
+        if before == saved_before:
+            return
+        added = sorted(set(before) - set(saved_before))
+        removed = sorted(set(saved_before) - set(before))
+        what = (
+            f"range [{added[0][0]}, {added[0][1]}) starts before"
+            if added
+            else f"range [{removed[0][0]}, {removed[0][1]}), which the checkpointed run "
+            "followed, was removed or changed before"
+        )
+        raise DataCheckpointError(
+            f"{DEFAULT_KEY}={self.to_pairs()}: {what} the checkpoint's data step {data_step}, "
+            f"whose data is trained on already (the checkpoint's ranges: {saved.to_pairs()}); "
+            f"ranges added on resume must start at data step {data_step} or later"
+        )
 
 
 #: No step skipped.
@@ -121,8 +109,8 @@ def parse_skip_steps(value: Any, key: str = DEFAULT_KEY) -> StepSkips:
         return NO_SKIPS
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise DataConfigError(
-            f"{key}={value!r} is invalid; expected a list of [start, end] training-step "
-            f"ranges, e.g. {_EXAMPLE}"
+            f"{key}={value!r} is invalid; expected a list of [start, end] ranges of data "
+            f"steps, e.g. {_EXAMPLE}"
         )
     ranges: list[tuple[int, int]] = []
     for entry in value:
@@ -136,7 +124,7 @@ def parse_skip_steps(value: Any, key: str = DEFAULT_KEY) -> StepSkips:
         if not valid:
             raise DataConfigError(
                 f"{key}: entry {entry!r} is invalid; each entry is [start, end] with integer "
-                f"steps 0 <= start < end (the data of steps start..end-1 is skipped), e.g. "
+                f"data steps 0 <= start < end (the data of steps start..end-1 is skipped), e.g. "
                 f"{_EXAMPLE}"
             )
         ranges.append((pair[0], pair[1]))
