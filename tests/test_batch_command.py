@@ -156,14 +156,14 @@ def test_a_step_past_a_finite_runs_end_is_refused(tmp_path, capsys):
             }
         }
     )
-    steps = xd.iterators_from_config(config.data, xd.create_mesh())[0]
-    total = steps.iterator_length
-    steps.close()
+    train = xd.iterators_from_config(config.data, xd.create_mesh())[0]
+    total = train.iterator_length
+    train.close()
     with pytest.raises(xd.DataConfigError) as error:
         run_batch(config, None, range(total, total + 1), out=None, err=None)
-    assert f"--step={total}" in str(error.value) and f"valid steps: 0..{total - 1}" in str(
-        error.value
-    )
+    message = str(error.value)
+    assert f"step {total} (--step/--steps)" in message
+    assert f"valid steps: 0..{total - 1}" in message
 
 
 def test_a_workdir_without_a_checkpoint_is_named(tmp_path, capsys):

@@ -7,6 +7,7 @@ checked by the training-run tests (tests/test_train_resume.py).
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -137,27 +138,54 @@ def test_a_skip_range_added_on_resume_continues_at_its_end(tmp_path, reference):
     assert "data.skip_steps=[[8, 10]]" in message and "data step 12" in message
 
 
+def _with_stage_at(step: int) -> dict:
+    stages = [[0, {"a": 1, "b": 1}], [4, {"a": 1, "b": 3}], [step, {"a": 0, "b": 1}]]
+    return {**DATA, "mixture_schedule": stages}
+
+
 def test_a_future_mixture_stage_added_on_resume_equals_a_run_that_had_it(tmp_path, reference):
-    stages = [[0, {"a": 1, "b": 1}], [4, {"a": 1, "b": 3}], [9, {"a": 0, "b": 1}]]
-    with_stage = {**DATA, "mixture_schedule": stages}
-    planned = _build(with_stage)
+    manager = _checkpoint_after(tmp_path, DATA, 7)
+    # A stage at 9 would replan the packing block trained at step 7 (its earlier rows
+    # too), repeating some documents and skipping others: refused, naming where it may go.
+    too_early = _build(_with_stage_at(9))
     try:
-        expected = _take(planned, 16)
+        with pytest.raises(DataCheckpointError) as error:
+            restore(manager, 7, STATE, too_early)
+    finally:
+        too_early.close()
+    found = re.search(r"New stages resume exactly from step (\d+) on", str(error.value))
+    assert found and "data step 7" in str(error.value), str(error.value)
+    earliest = int(found.group(1))
+    assert earliest > 9
+
+    planned = _build(_with_stage_at(earliest))
+    try:
+        expected = _take(planned, earliest + 4)
     finally:
         planned.close()
-
-    manager = _checkpoint_after(tmp_path, DATA, 7)
-
-    resumed = _build(with_stage)
+    # Up to the checkpoint, that run trained exactly what the resumed one did.
+    for step in range(7):
+        assert _same(expected[step], reference[step]), step
+    resumed = _build(_with_stage_at(earliest))
     try:
-        restore(manager, 7, STATE, resumed)
-        batches = _take(resumed, 9)
+        restore(manager, 7, STATE, resumed)  # no allow flag: only untrained steps change
+        batches = _take(resumed, earliest + 4 - 7)
     finally:
         resumed.close()
     for offset, batch in enumerate(batches):
         assert _same(batch, expected[7 + offset]), 7 + offset
-    assert not _same(batches[-1], reference[15])  # the new stage is in effect
+    assert not _same(batches[-1], reference[earliest + 3])  # the new stage is in effect
 
+    # Explicitly allowed, the block is replanned (documents may repeat or be skipped).
+    replanned = _build(_with_stage_at(9))
+    try:
+        restore(manager, 7, STATE, replanned, allow_config_change="data.mixture_schedule")
+    finally:
+        replanned.close()
+
+
+def test_a_change_to_a_trained_stage_is_refused_naming_its_step(tmp_path):
+    manager = _checkpoint_after(tmp_path, DATA, 7)
     moved = {**DATA, "mixture_schedule": [[0, {"a": 1, "b": 1}], [5, {"a": 1, "b": 3}]]}
     refused = _build(moved)
     try:
@@ -168,6 +196,7 @@ def test_a_future_mixture_stage_added_on_resume_equals_a_run_that_had_it(tmp_pat
         refused.close()
     assert "data.mixture_schedule" in str(error.value)
     assert "change at step 4, before the checkpoint's data step 7" in str(error.value)
+    assert "--allow_data_config_change=data.mixture_schedule" in str(error.value)
 
 
 def _text_corpus(directory) -> dict:

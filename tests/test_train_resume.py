@@ -182,14 +182,22 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted
     assert any("data/share/long" in m for m in metrics)
     assert any("eval/held_out/loss" in m for m in metrics)
 
-    # A mixture stage that starts after the checkpoint changes no trained step: accepted...
-    future = "[32, {'long': 0.5, 'short': 0.5}]"
-    stages = "[0, {'long': 0.7, 'short': 0.3}], [%s, {'long': 0.2, 'short': 0.8}], " + future
-    schedule = f"--config.data.mixture_schedule=[{stages % 5}]"
-    wait_all(launch(resumed, 1, "--config.num_train_steps=32", schedule))
+    # A new mixture stage after the packing block trained at the checkpoint changes no
+    # trained row: accepted as it is. (Blocks of 2048 documents span hundreds of steps here.)
+    stages = "[0, {'long': 0.7, 'short': 0.3}], [%s, {'long': 0.2, 'short': 0.8}], "
+    stages += "[%s, {'long': 0.5, 'short': 0.5}]"
+    far = f"--config.data.mixture_schedule=[{stages % (5, 100000)}]"
+    wait_all(launch(resumed, 1, "--config.num_train_steps=32", far))
     assert records(resumed)[-1]["step"] == 32
-    # ...one that moves an already-trained stage is refused, naming the key and the step...
-    moved = ["--config.num_train_steps=34", f"--config.data.mixture_schedule=[{stages % 6}]"]
+    # One inside that block is refused, naming the first step a new stage may start at...
+    near = ["--config.num_train_steps=34", f"--config.data.mixture_schedule=[{stages % (5, 33)}]"]
+    output = wait_all(launch(resumed, 1, *near), expect=1)
+    assert "New stages resume exactly from step" in output
+    # ...and so is moving an already-trained stage, naming the key and the step...
+    moved = [
+        "--config.num_train_steps=34",
+        f"--config.data.mixture_schedule=[{stages % (6, 100000)}]",
+    ]
     output = wait_all(launch(resumed, 1, *moved), expect=1)
     assert "data.mixture_schedule: [[0, " in output
     assert "the mixture weights change at step 5, before the checkpoint's data step 32" in output

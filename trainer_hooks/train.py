@@ -270,7 +270,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     eval_every = int(config.eval_every_steps or 0)
     if start_step >= num_steps:
         logging.warning("the checkpoint is at step %d >= num_train_steps=%d", start_step, num_steps)
-    pending: tuple[int, dict[str, Any], str | None, int] | None = None
+    pending: tuple[int, int, dict[str, Any], str | None, int] | None = None
     preempted_at: int | None = None
     loop_started = time.perf_counter()
     for step in range(start_step + 1, num_steps + 1):

@@ -36,12 +36,14 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from xlstm_data.config.fingerprint import (
+    allowed_by,
     allowed_patterns,
     config_changes,
     disallowed_changes,
     fingerprint,
     flat_data_config,
     identity_keys_of_unbound_sources,
+    is_identity_key,
 )
 from xlstm_data.config.resume_changes import future_only_changes, is_mixture_key
 from xlstm_data.errors import DataCheckpointError
@@ -153,9 +155,11 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             _check_header(path, header, layout)
         current = _flat_config(args.iterator, args.data_config)
         data_step = int(state.get("data_step", state.get("step") or 0))
-        changed = _check_config(
+        changed, unasked = _check_config(
             path, header.get("data_config"), current, args.allow_config_change, data_step
         )
+        if any(is_mixture_key(key) for key in unasked):
+            _check_no_trained_rows_replanned(args.iterator, state, data_step)
         if header.get("grain_version") != _grain_version():
             logging.warning(
                 "data state in %s was written with grain %s; this run has grain %s",
@@ -349,11 +353,14 @@ def _check_config(
     current: Mapping[str, Any] | None,
     allowed: bool | str | Iterable[str],
     data_step: int,
-) -> list[str]:
-    """Refuses disallowed changes; returns the keys of the allowed ones.
+) -> tuple[list[str], list[str]]:
+    """Refuses disallowed changes.
 
     Changes that only concern steps from `data_step` on (new mixture stages,
     new skip ranges) are accepted without being allowed (`resume_changes`).
+
+    Returns:
+      `(keys of every accepted change, keys accepted without being allowed)`.
     """
     if saved is None or current is None:
         if saved != current:
@@ -362,7 +369,7 @@ def _check_config(
                 path,
                 "saved" if saved is not None else "current",
             )
-        return []
+        return [], []
     unbound = set(identity_keys_of_unbound_sources(saved, current))
     if unbound:
         logging.warning(
@@ -382,12 +389,45 @@ def _check_config(
         why = ""
         if mixture_reason and any(is_mixture_key(key) for key, _, _ in refused):
             why = f" ({mixture_reason})"
+        patterns = sorted({_allow_pattern(key) for key, _, _ in refused})
         raise DataCheckpointError(
             f"the data config changed since the checkpoint in {path} was saved: {listed}{why}. "
             "Resuming would not continue the same data stream. Restore the old values, or "
-            "allow the change explicitly with DataCheckpointRestore(iterator, "
-            f"allow_config_change={sorted(key for key, _, _ in refused)!r})"
+            f"allow the change explicitly (trainer_hooks.train: --allow_data_config_change="
+            f"{','.join(patterns)}; DataCheckpointRestore(iterator, allow_config_change="
+            f"{patterns!r}))"
         )
     for key, old, new in changes:
         logging.warning("resuming with an allowed data config change: %s: %r -> %r", key, old, new)
-    return [key for key, _, _ in changes]
+    unasked = [key for key, _, _ in future if not allowed_by(key, allowed)]
+    return [key for key, _, _ in changes], unasked
+
+
+def _allow_pattern(key: str) -> str:
+    """The pattern that allows a change: a data identity's dataset, else the key itself."""
+    if is_identity_key(key):
+        return ".".join(key.split(".")[:3])
+    return key
+
+
+def _check_no_trained_rows_replanned(iterator: Any, state: Mapping[str, Any], data_step: int):
+    """Refuses new mixture stages that would replan rows trained before the checkpoint.
+
+    A stage cuts the packing blocks at its first step. A block that was being
+    trained at the checkpoint was planned under the old stages; if the new
+    ones plan its rows before the checkpoint otherwise, continuing would
+    repeat some documents and skip others. Stages from the end of that block
+    on are exact.
+    """
+    earliest = getattr(iterator, "earliest_exact_stage_step", None)
+    step = earliest(state) if earliest is not None else None
+    if step is None:
+        return
+    raise DataCheckpointError(
+        f"data.mixture_schedule: the new stages change how the packing block being trained "
+        f"at the checkpoint's data step {data_step} is planned, including its rows before "
+        f"that step, so resuming would repeat some documents and skip others. New stages "
+        f"resume exactly from step {step} on (the end of that block); start them there or "
+        "later, or allow the change explicitly (--allow_data_config_change="
+        "data.mixture_schedule) to replan the block"
+    )

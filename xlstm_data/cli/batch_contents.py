@@ -18,7 +18,12 @@ from typing import Any, TextIO
 
 from etils import epath
 
-from xlstm_data.config.fingerprint import config_changes, flat_data_config, is_identity_key
+from xlstm_data.config.fingerprint import (
+    config_changes,
+    flat_data_config,
+    identity_keys_of_unbound_sources,
+    is_identity_key,
+)
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.from_config import TrainPlan, open_train_plan
 from xlstm_data.multihost.planned_iterator import cursors_by_name, merge_plan_states
@@ -107,7 +112,8 @@ def changed_data(saved: SavedRun, identities: Mapping[str, Mapping[str, Any]]) -
     before = {k: v for k, v in saved.flat_config.items() if is_identity_key(k)}
     known = {n: v for n, v in identities.items() if f"data.train.{n}.kind" in saved.flat_config}
     current = flat_data_config(saved.data_config(), None, known)
-    now = {k: v for k, v in current.items() if is_identity_key(k)}
+    unbound = set(identity_keys_of_unbound_sources(saved.flat_config, current))
+    now = {k: v for k, v in current.items() if is_identity_key(k) and k not in unbound}
     return [
         describe_file_change(key, old, new) or f"{key}: {old!r} -> {new!r}"
         for key, old, new in config_changes(before, now)
@@ -166,7 +172,12 @@ def list_rows(
 
 
 def _same_plan(saved: SavedRun, opened: TrainPlan) -> bool:
-    return flat_data_config(saved.data_config()) == flat_data_config(opened.config)
+    """Whether the run's plan is this config's (skipped steps aside: they plan nothing)."""
+    recorded = flat_data_config(saved.data_config())
+    current = flat_data_config(opened.config)
+    for flat in (recorded, current):
+        flat.pop("data.skip_steps", None)
+    return recorded == current
 
 
 def print_rows(

@@ -108,14 +108,14 @@ def disallowed_changes(
     changes: Iterable[tuple[str, Any, Any]], allowed: bool | str | Iterable[str]
 ) -> list[tuple[str, Any, Any]]:
     """The changes not covered by `allowed` (True, or glob patterns of keys)."""
-    patterns = allowed_patterns(allowed)
-    return [
-        change
-        for change in changes
-        if not any(
-            fnmatch.fnmatchcase(change[0], p) or change[0].startswith(p + ".") for p in patterns
-        )
-    ]
+    return [change for change in changes if not allowed_by(change[0], allowed)]
+
+
+def allowed_by(key: str, allowed: bool | str | Iterable[str]) -> bool:
+    """Whether `allowed` (True, or glob patterns of keys) covers a changed key."""
+    return any(
+        fnmatch.fnmatchcase(key, p) or key.startswith(p + ".") for p in allowed_patterns(allowed)
+    )
 
 
 def allowed_patterns(allowed: bool | str | Iterable[str]) -> list[str]:

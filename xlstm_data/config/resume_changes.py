@@ -2,12 +2,13 @@
 
 A checkpoint's data position is the plan's position at a data step. The plan
 before that step is what the run trained on; after it, the plan may differ.
-So a new mixture stage (or new weights) from the checkpoint's data step on,
-and a new `data.skip_steps` range from its training step on, continue the run
-exactly as a run that had the change from the start would have (the block
-holding the resume row is planned again from its cursor under the new
-stages). A change that reaches back before the checkpoint is refused, naming
-the first step it changes, unless `allow_data_config_change` allows it.
+New mixture stages (or new weights) from the checkpoint's data step on, and
+new `data.skip_steps` ranges from it on, are accepted here; a change that
+reaches back before the checkpoint is refused, naming the first step it
+changes, unless `allow_data_config_change` allows it. Two further checks
+follow: the iterator refuses skip ranges before its data step, and
+`checkpoint` refuses new stages that would replan the rows of the packing
+block already partly trained (`earliest_exact_stage_step`).
 """
 
 from __future__ import annotations

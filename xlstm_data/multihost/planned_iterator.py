@@ -28,6 +28,7 @@ from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
+from xlstm_data.plan.mixture import MixtureSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
@@ -228,6 +229,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             "sources": list(self.plan.spec.names),
             "cursors": {str(s): list(c) for s, c in position["cursors"].items()},
             "batch_schedule": self.plan.spec.batch.rampup.to_pairs(),
+            "mixture_schedule": self.plan.spec.mixture.to_pairs(),
             "global_batch_size": self.plan.spec.batch.global_batch_size,
             "process_index": self.layout.process_index,
             "process_count": self.layout.process_count,
@@ -281,6 +283,40 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         if counters is not None:
             self.data_counters.set_state(counters)
         self.state_set = True
+
+    def earliest_exact_stage_step(self, state: Mapping[str, Any]) -> int | None:
+        """Where new mixture stages would have to start for a saved position to resume exactly.
+
+        Each stream's cursor is the start of the block holding the saved data
+        step. If this plan's stages plan that block's rows before the step
+        otherwise than the saved stages did, returns the first step after the
+        block (over the saved streams); None when they agree (or the saved
+        position records no stages: then nothing can be compared).
+        """
+        spec = self.plan.spec
+        saved = state.get("mixture_schedule")
+        if not saved or {n for n in saved[0][1]} != set(spec.names):
+            return None
+        old = MixtureSchedule(
+            spec.names,
+            tuple(int(start) for start, _ in saved),
+            tuple(tuple(float(weights[n]) for n in spec.names) for _, weights in saved),
+        )
+        if old == spec.mixture:
+            return None
+        old_plan = GlobalPlan(dataclasses.replace(spec, mixture=old), self.plan.lengths)
+        row, _ = self.plan.stream_rows(_saved_data_step(state))
+        latest = None
+        for stream, cursor in _cursors_from(
+            {"cursors": cursors_by_name(state, spec.names)}
+        ).items():
+            trained = row - cursor.row
+            before, following, _ = old_plan.plan_block(stream, cursor)
+            after, _, _ = self.plan.plan_block(stream, cursor)
+            if trained > 0 and not before.row_slice(0, trained).equals(after.row_slice(0, trained)):
+                end = old_plan.step_of_stream_row(following.row - 1) + 1
+                latest = end if latest is None else max(latest, end)
+        return latest
 
     def _check_schedule(self, state: Mapping[str, Any]) -> None:
         step = _saved_data_step(state)  # ramp-up stages are data steps

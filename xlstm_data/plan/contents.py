@@ -103,7 +103,8 @@ def step_rows(
         data_step = skips.data_step(step)
         if num_steps is not None and data_step >= num_steps:
             raise DataConfigError(
-                f"--step={step}: the run ends after {skips.train_steps_before(num_steps)} steps "
+                f"step {step} (--step/--steps): the run ends after "
+                f"{skips.train_steps_before(num_steps)} steps "
                 f"(data.num_epochs={plan.spec.num_epochs}); valid steps: 0.."
                 f"{skips.train_steps_before(num_steps) - 1}"
             )

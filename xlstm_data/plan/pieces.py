@@ -103,6 +103,13 @@ class Pieces:
             np.concatenate([p.stop for p in parts]),
         )
 
+    def equals(self, other: Pieces) -> bool:
+        """Whether two sets of rows hold the same pieces in the same places."""
+        return all(
+            np.array_equal(getattr(self, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(self)
+        )
+
     def row_list(self, row: int) -> list[tuple[int, int, int, int]]:
         """One row as `(source, document, start, stop)` tuples (for tests and tools)."""
         lo, hi = int(self.row_offsets[row]), int(self.row_offsets[row + 1])
