@@ -313,7 +313,11 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             trained = row - cursor.row
             before, following, _ = old_plan.plan_block(stream, cursor)
             after, _, _ = self.plan.plan_block(stream, cursor)
-            if trained > 0 and not before.row_slice(0, trained).equals(after.row_slice(0, trained)):
+            if trained <= 0:
+                continue
+            if after.rows < trained or not before.row_slice(0, trained).equals(
+                after.row_slice(0, trained)
+            ):
                 end = old_plan.step_of_stream_row(following.row - 1) + 1
                 latest = end if latest is None else max(latest, end)
         return latest
