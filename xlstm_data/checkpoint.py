@@ -52,7 +52,7 @@ from xlstm_data.multihost.planned_iterator import (
     is_plan_state,
     merge_plan_states,
 )
-from xlstm_data.sources.identity import describe_file_change
+from xlstm_data.sources.identity import describe_changes
 
 #: Version of the per-process file layout below; bump on format changes.
 CHECKPOINT_FORMAT_VERSION = 1
@@ -96,6 +96,8 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             "data_config_fingerprint": None if flat is None else fingerprint(flat),
             "data_config": flat,
         }
+        if layout.process_index == 0:  # the file tables once, to name changed files
+            header["data_files"] = getattr(args.iterator, "source_files", None)
         name = state_file_name(layout.process_index, layout.process_count)
         return name, {"header": header, "state": state}
 
@@ -156,7 +158,12 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         current = _flat_config(args.iterator, args.data_config)
         data_step = int(state.get("data_step", state.get("step") or 0))
         changed, unasked = _check_config(
-            path, header.get("data_config"), current, args.allow_config_change, data_step
+            path,
+            header.get("data_config"),
+            current,
+            args.allow_config_change,
+            data_step,
+            files=(_recorded_files(directory), getattr(args.iterator, "source_files", None)),
         )
         if any(is_mixture_key(key) for key in unasked):
             _check_no_trained_rows_replanned(args.iterator, state, data_step)
@@ -353,11 +360,15 @@ def _check_config(
     current: Mapping[str, Any] | None,
     allowed: bool | str | Iterable[str],
     data_step: int,
+    files: tuple[Any, Any] = (None, None),
 ) -> tuple[list[str], list[str]]:
     """Refuses disallowed changes.
 
     Changes that only concern steps from `data_step` on (new mixture stages,
     new skip ranges) are accepted without being allowed (`resume_changes`).
+
+    `files` holds the recorded and the current file tables, which name the
+    changed files when a dataset's file digest changed.
 
     Returns:
       `(keys of every accepted change, keys accepted without being allowed)`.
@@ -382,10 +393,7 @@ def _check_config(
     future, mixture_reason = future_only_changes(changes, saved, current, data_step)
     refused = disallowed_changes([c for c in changes if c not in future], allowed)
     if refused:
-        listed = "; ".join(
-            describe_file_change(key, old, new) or f"{key}: {old!r} -> {new!r}"
-            for key, old, new in refused
-        )
+        listed = "; ".join(describe_changes(refused, *files))
         why = ""
         if mixture_reason and any(is_mixture_key(key) for key, _, _ in refused):
             why = f" ({mixture_reason})"
@@ -401,6 +409,16 @@ def _check_config(
         logging.warning("resuming with an allowed data config change: %s: %r -> %r", key, old, new)
     unasked = [key for key, _, _ in future if not allowed_by(key, allowed)]
     return [key for key, _, _ in changes], unasked
+
+
+def _recorded_files(directory: epath.Path) -> dict[str, Any] | None:
+    """The file tables process 0 recorded in the checkpoint (None if it recorded none)."""
+    for path in directory.glob("process_0-of-*.json"):
+        try:
+            return json.loads(path.read_text())["header"].get("data_files")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return None
 
 
 def _allow_pattern(key: str) -> str:

@@ -29,7 +29,12 @@ from xlstm_data.from_config import TrainPlan, open_train_plan
 from xlstm_data.multihost.planned_iterator import cursors_by_name, merge_plan_states
 from xlstm_data.plan.contents import RowContents, step_rows
 from xlstm_data.plan.streams import Cursor
-from xlstm_data.sources.identity import IDENTITY_KEYS, describe_file_change, source_identity
+from xlstm_data.sources.identity import (
+    IDENTITY_KEYS,
+    describe_changes,
+    file_table,
+    source_identity,
+)
 
 _STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
@@ -43,12 +48,14 @@ class SavedRun:
       data_step: The data step its cursors continue at.
       flat_config: The flattened data config it recorded.
       states: Every process's saved iterator state.
+      files: The datasets' file tables (process 0 records them).
     """
 
     step: int
     data_step: int
     flat_config: dict[str, Any]
     states: list[dict[str, Any]]
+    files: dict[str, Any] | None = None
 
     def data_config(self) -> dict[str, Any]:
         """The data section, rebuilt from the recorded keys (data identities left out)."""
@@ -99,30 +106,35 @@ def read_saved_run(workdir: str) -> SavedRun:
         data_step=int(state.get("data_step", state["step"])),
         flat_config=dict(header["data_config"]),
         states=[r["state"] for r in records],
+        files=header.get("data_files"),
     )
 
 
-def changed_data(saved: SavedRun, identities: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def changed_data(
+    saved: SavedRun,
+    identities: Mapping[str, Mapping[str, Any]],
+    files: Mapping[str, Any] | None = None,
+) -> list[str]:
     """One line per change of the data behind a run since its checkpoint.
 
     Args:
       saved: The run's latest checkpoint.
       identities: Today's `source_identity` of each train dataset.
+      files: Today's file table of each train dataset with files.
     """
     before = {k: v for k, v in saved.flat_config.items() if is_identity_key(k)}
     known = {n: v for n, v in identities.items() if f"data.train.{n}.kind" in saved.flat_config}
     current = flat_data_config(saved.data_config(), None, known)
     unbound = set(identity_keys_of_unbound_sources(saved.flat_config, current))
     now = {k: v for k, v in current.items() if is_identity_key(k) and k not in unbound}
-    return [
-        describe_file_change(key, old, new) or f"{key}: {old!r} -> {new!r}"
-        for key, old, new in config_changes(before, now)
-    ]
+    return describe_changes(config_changes(before, now), saved.files, dict(files or {}))
 
 
-def warn_about_changed_data(saved: SavedRun, identities: Any, workdir: str, err: TextIO) -> None:
+def warn_about_changed_data(
+    saved: SavedRun, identities: Any, files: Any, workdir: str, err: TextIO
+) -> None:
     """Prints a warning naming each changed file behind the run (nothing if none changed)."""
-    changes = changed_data(saved, identities)
+    changes = changed_data(saved, identities, files)
     if changes:
         print(
             f"warning: the data behind {workdir} changed since its checkpoint at step "
@@ -246,7 +258,8 @@ def run_batch(
         raise DataConfigError("give --config=FILE or --workdir=DIR (a run with a checkpoint)")
     opened = open_train_plan(config.data if config is not None else saved.data_config())
     if saved is not None:
-        warn_about_changed_data(saved, plan_identities(opened), workdir, err)
+        files = {name: file_table(source) for name, source in opened.sources.items()}
+        warn_about_changed_data(saved, plan_identities(opened), files, workdir, err)
     rows = list_rows(opened, steps, processes=processes, saved=saved)
     tokenizers = None
     if decode:

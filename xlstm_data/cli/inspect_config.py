@@ -172,7 +172,8 @@ def inspect_config(
         from xlstm_data.cli.batch_contents import read_saved_run, warn_about_changed_data
 
         saved = read_saved_run(workdir)
-        warn_about_changed_data(saved, train.source_identities, workdir, err or out)
+        identities, files = train.source_identities, train.source_files
+        warn_about_changed_data(saved, identities, files, workdir, err or out)
     mixture = data.mixture  # data.mixture_schedule, or the static weights as one stage
     plan: dict[str, Any] = {"config": config_path, "sources": [], "stages": []}
     print(f"config {config_path}: mesh {mesh_dims} {dict(mesh.shape)}", file=out)

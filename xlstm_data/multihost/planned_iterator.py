@@ -32,7 +32,7 @@ from xlstm_data.plan.mixture import MixtureSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
-from xlstm_data.sources.identity import source_identity
+from xlstm_data.sources.identity import file_table, source_identity
 
 #: Version of the planned state record; bump on format changes.
 PLAN_STATE_VERSION = 3
@@ -85,6 +85,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         self.plan = plan
         self.skips = skips
         self._identities: dict[str, dict[str, Any]] | None = None
+        self._files: dict[str, dict[str, list[int]]] | None = None
         self._plan_sources = list(sources)
         self._eod_token_id = eod_token_id
         self.worker_count = worker_count
@@ -172,7 +173,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
 
     @property
     def source_identities(self) -> dict[str, dict[str, Any]]:
-        """Per train dataset, its files, lengths checksum and tokenizer (checkpoints record it)."""
+        """Per train dataset, its files' digest, lengths checksum and tokenizer (checkpointed)."""
         if self._identities is None:
             self._identities = {
                 name: source_identity(self.sources[name], lengths)
@@ -180,6 +181,14 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 if name in self.sources
             }
         return self._identities
+
+    @property
+    def source_files(self) -> dict[str, dict[str, list[int]]]:
+        """Per train dataset with files, `{path: [bytes, mtime_ns]}` (process 0 records it)."""
+        if self._files is None:
+            tables = {name: file_table(source) for name, source in self.sources.items()}
+            self._files = {name: table for name, table in tables.items() if table}
+        return self._files
 
     # Steps -------------------------------------------------------------------
 
