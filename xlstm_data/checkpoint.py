@@ -189,7 +189,12 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
                 f"{header.get('grain_version')}) could not be applied to this run's pipeline "
                 f"(grain {_grain_version()}): {type(error).__name__}: {error}{hint}"
             ) from error
-        logging.info("restored data position at data step %s from %s", header.get("step"), path)
+        logging.info(
+            "restored data position at step %s (data step %d) from %s",
+            header.get("step"),
+            data_step,
+            path,
+        )
         return header
 
     def metadata(self, directory: epath.Path) -> dict[str, Any] | None:
