@@ -16,6 +16,10 @@ source (`web`) and the 3-source mixture (tokens 0.80/0.15/0.05), of
   for the mixture the records are mixed in proportion to the plan's token
   weights divided by each source's mean document length, so it reads the
   same token mix as the planned pipeline;
+- `ceiling_batched`: the same records in the same order, read as the planned
+  pipeline reads them: `ArrayRecordSource.read_many`, one call per source for
+  each group of as many records as a batch holds on average (decoded and
+  checked); the ceiling of a batched reader, reported beside the target's;
 - `planned_global`: the whole `PlannedDataIterator` (global `jax.Array`s on
   one CPU device, background prefetch), tokens from its counters.
 
@@ -32,6 +36,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import grain
 import numpy as np
 from absl import logging
 
@@ -45,7 +50,7 @@ from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan_throughput"
 EOD = throughput.EOD
-SUBJECTS = ("ceiling", "grain", "planned", "streaming", "planned_global")
+SUBJECTS = ("ceiling", "ceiling_batched", "grain", "planned", "streaming", "planned_global")
 PAIRED = ("grain", "planned", "streaming")
 TARGET_OVER_GRAIN = 2.5
 TARGET_OVER_CEILING = 0.6
@@ -151,6 +156,54 @@ def _turns(
     }
 
 
+def _ceiling_order(
+    files: Mapping[str, list[str]],
+    weights: Mapping[str, float] | None,
+    seeds: Mapping[str, int],
+    count: int,
+) -> list[tuple[int, int]]:
+    """`(source, record)` of the ceiling's first `count` reads, in its order.
+
+    The same grain shuffles (and mix) as `throughput._ceiling_tokens_per_sec`,
+    over record indices instead of records.
+    """
+    datasets = []
+    for k, (name, paths) in enumerate(files.items()):
+        size = len(grain.sources.ArrayRecordDataSource(paths))
+        datasets.append(
+            grain.MapDataset.range(size).shuffle(seed=seeds[name]).map(lambda i, k=k: (k, i))
+        )
+    if len(datasets) == 1:
+        order = datasets[0]
+    else:
+        order = grain.MapDataset.mix(datasets, weights=[weights[name] for name in files])
+    return [order[i % len(order)] for i in range(count)]
+
+
+def _batched_ceiling_tokens_per_sec(
+    sources: list[ArrayRecordSource],
+    order: list[tuple[int, int]],
+    group: int,
+    sizes: throughput.Sizes,
+) -> float:
+    """Reads the records of `order` `group` at a time, one `read_many` per source."""
+
+    def read(records: list[tuple[int, int]]) -> int:
+        tokens = 0
+        for k, source in enumerate(sources):
+            wanted = [i for s, i in records if s == k]
+            if wanted:
+                tokens += sum(t.size for t in source.read_many(wanted))
+        return tokens
+
+    warmup, timed = order[: sizes.ceiling_warmup], order[sizes.ceiling_warmup :]
+    read(warmup)
+    groups = [timed[i : i + group] for i in range(0, len(timed), group)]
+    started = time.perf_counter()
+    tokens = sum(read(records) for records in groups)
+    return tokens / (time.perf_counter() - started)
+
+
 def _global_tokens_per_sec(iterator: PlannedDataIterator, sizes: throughput.Sizes) -> float:
     """Tokens/s of the whole iterator (global arrays), from its own counters."""
     tokens_before = iterator.data_counters.tokens
@@ -177,6 +230,18 @@ def measure_variant(
     mixture = weights if variant.mixture else None
     # Records mixed so that the ceiling reads the plan's token shares.
     record_weights = {n: weights[n] / specs[n].mean_length for n in names}
+
+    # Batched ceiling: the ceiling's records, as many per read as a batch holds.
+    order = _ceiling_order(
+        files,
+        record_weights if variant.mixture else None,
+        seeds,
+        sizes.ceiling_warmup + sizes.ceiling_records,
+    )
+    record_tokens = sum(record_weights[n] * specs[n].mean_length for n in names) / sum(
+        record_weights.values()
+    )
+    group = max(1, round(sizes.batch_size * sizes.seq_len / record_tokens))
 
     def planned_global() -> PlannedDataIterator:
         return PlannedDataIterator(
@@ -225,6 +290,9 @@ def measure_variant(
                     files, record_weights if variant.mixture else None, seeds, sizes
                 )
             },
+            "ceiling_batched": lambda: {
+                "ceiling_batched": _batched_ceiling_tokens_per_sec(sources, order, group, sizes)
+            },
             "paired": lambda: _turns(
                 {name: iterators[name] for name in common.rotated(PAIRED, round_index)},
                 fields,
@@ -263,6 +331,9 @@ def measure_variant(
         "tokens_per_sec": {s: common.summarize(v) for s, v in values.items()},
         "planned_over_grain": ratio("planned", "grain"),
         "planned_over_ceiling": ratio("planned", "ceiling"),
+        "planned_over_ceiling_batched": ratio("planned", "ceiling_batched"),
+        "ceiling_batched_over_ceiling": ratio("ceiling_batched", "ceiling"),
+        "records_per_batched_read": group,
         "streaming_over_grain": ratio("streaming", "grain"),
         "grain_over_ceiling": ratio("grain", "ceiling"),
         "planned_global_over_grain": ratio("planned_global", "grain"),
@@ -340,7 +411,11 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
                     "yes" if met[f"{name}.{key}"] else "NO",
                 )
             )
-        for key in ("streaming_over_grain", "planned_global_over_grain"):
+        for key in (
+            "planned_over_ceiling_batched",
+            "streaming_over_grain",
+            "planned_global_over_grain",
+        ):
             stats = variant[key]
             rows.append(
                 (

@@ -122,6 +122,7 @@ def test_plan_throughput(results):
     for variant in result["variants"].values():
         assert set(variant["tokens_per_sec"]) == {
             "ceiling",
+            "ceiling_batched",
             "grain",
             "planned",
             "streaming",
@@ -129,7 +130,12 @@ def test_plan_throughput(results):
         }
         for stats in variant["tokens_per_sec"].values():
             _positive_stats(stats)
-        for ratio in ("planned_over_grain", "planned_over_ceiling", "planned_global_over_grain"):
+        for ratio in (
+            "planned_over_grain",
+            "planned_over_ceiling",
+            "planned_over_ceiling_batched",
+            "planned_global_over_grain",
+        ):
             _positive_stats(variant[ratio])
         assert all(0 < share <= 1 for share in variant["non_padding_share"].values())
     assert len(result["targets"]) == 2 * len(result["variants"])
