@@ -1,10 +1,8 @@
-"""The planned pipeline: throughput against grain, resume cost, planning cost per host.
+"""The planned pipeline: resume cost and planning cost per host.
 
-- **Throughput.** Non-padding tokens/s of this host's planned batches (the
-  `PlannedBatchDataset` the config path iterates, 0 workers), of the old
-  streaming pipeline (`make_grain_llm_dataset`, first-fit packing) and of the
-  hand-written grain pipeline (`throughput.grain_pipeline`), on the same
-  ArrayRecord corpus, taking turns so they share the machine's moments.
+Its throughput against grain, the read ceiling and the old pipeline is
+`plan_throughput`'s.
+
 - **Resume cost.** From cursors at step s to the first assembled batch, at
   steps 10 and 10^7. The cursors at 10^7 are synthetic but consistent (the
   row of that step, documents taken in proportion): planning from a cursor
@@ -23,16 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from bench import common, throughput
+from bench import common
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
-from xlstm_data.reading.planned_batches import PlannedBatchDataset
-from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan"
-SEQ_LEN = 1024  # as throughput.FULL; the tiny mode uses throughput.TINY's
+SEQ_LEN = 1024  # as throughput.FULL
 HOST_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -56,72 +52,6 @@ def _spec(
         batch=batch,
         streams=auto_streams([batch_size]),
     )
-
-
-class _PlannedBatches:
-    """Iterates one host's planned batches (what a worker or the prefetch thread runs)."""
-
-    def __init__(self, dataset: PlannedBatchDataset):
-        self._dataset = dataset
-        self._step = 0
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        element = self._dataset[self._step]
-        self._step += 1
-        return element["batch"]
-
-
-def _throughput(tiny: bool) -> dict[str, Any]:
-    corpus = common.lognormal_corpus(tiny)
-    web = corpus["web"]
-    files = {"web": common.prepare_corpus(web)}
-    sizes = throughput.TINY if tiny else throughput.FULL
-    batch_size = sizes.batch_size
-    source = ArrayRecordSource(files["web"])
-    # The bench corpus has no prepare index; its lengths are read once here.
-    lengths = np.array([len(source[i]["tokens"]) for i in range(len(source))])
-    plan = GlobalPlan(_spec(batch_size, ("web",), {"web": 1.0}, sizes.seq_len), [lengths])
-    variant = throughput.Variant(mixture=False, packed=True, workers=0)
-    mesh = common.single_device_mesh()
-
-    def planned() -> Any:
-        return _PlannedBatches(PlannedBatchDataset(plan, [source], 0, 1, eod_token_id=1))
-
-    def grain_baseline() -> Any:
-        pipeline = throughput.grain_pipeline(
-            files, None, {"web": 0}, {"web": web.max_length or 1 << 20}, variant, sizes
-        )
-        return iter(pipeline)
-
-    def streaming() -> Any:
-        iterator = common.our_iterator(
-            files,
-            None,
-            {"web": 0},
-            seq_len=sizes.seq_len,
-            batch_size=batch_size,
-            packed=True,
-            workers=0,
-            mesh=mesh,
-        )
-        return iter(iterator.dataloader)
-
-    rates = throughput._paired_host_rates(  # noqa: SLF001 - the same turn-taking timer
-        {"planned": planned, "streaming": streaming, "grain": grain_baseline},
-        {
-            "planned": "targets_segmentation",
-            "streaming": "targets_segmentation",
-            "grain": "targets_segment_ids",
-        },
-        sizes,
-    )
-    tokens_per_sec = {name: rate for name, (rate, _) in rates.items()}
-    return {
-        "tokens_per_sec": tokens_per_sec,
-        "cpu_secs_per_million_tokens": {name: cpu for name, (_, cpu) in rates.items()},
-        "planned_over_grain": tokens_per_sec["planned"] / tokens_per_sec["grain"],
-        "streaming_over_grain": tokens_per_sec["streaming"] / tokens_per_sec["grain"],
-    }
 
 
 def _synthetic_lengths(documents: int) -> np.ndarray:
@@ -165,15 +95,7 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
         str(h): _planning_ms_per_step(lengths, h, steps)
         for h in (HOST_COUNTS[:4] if tiny else HOST_COUNTS)
     }
-    rates = _throughput(tiny)
     targets = [
-        common.target(
-            "planned_over_grain",
-            rates["planned_over_grain"],
-            ">=",
-            2.5,
-            "planned host pipeline >= 2.5x the hand-written grain pipeline (tokens/s)",
-        ),
         common.target(
             "resume_10M_over_10", ratio, "<=", 1.5, "resume at step 10^7 <= 1.5x at step 10"
         ),
@@ -186,7 +108,6 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
         ),
     ]
     payload = {
-        "throughput": rates,
         "resume_secs": resume,
         "resume_10M_over_10": ratio,
         "planning_ms_per_step_by_hosts": planning,
@@ -199,22 +120,7 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
 def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     """Rows (figure, value, target, met) for the summary table."""
     met = {t["metric"]: t["met"] for t in result["targets"]}
-    rates = result["throughput"]["tokens_per_sec"]
-    rows = [
-        (
-            "planned host pipeline / grain",
-            f"{result['throughput']['planned_over_grain']:.2f}x "
-            f"({rates['planned'] / 1e6:.2f} vs {rates['grain'] / 1e6:.2f} M tok/s)",
-            ">= 2.5x",
-            "yes" if met["planned_over_grain"] else "NO",
-        ),
-        (
-            "streaming pipeline / grain",
-            f"{result['throughput']['streaming_over_grain']:.2f}x",
-            "-",
-            "-",
-        ),
-    ]
+    rows = []
     for step, stats in result["resume_secs"].items():
         rows.append((f"plan resume at step {int(step):,}", f"{stats['median']:.4f} s", "-", "-"))
     rows.append(

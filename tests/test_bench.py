@@ -116,6 +116,38 @@ def test_memory(results):
     assert math.isfinite(result["growth_mb"]["median"])
 
 
+def test_plan_throughput(results):
+    result = _load(results, "plan_throughput")
+    assert set(result["variants"]) == {"w0-1src", "w0-3src"}
+    for variant in result["variants"].values():
+        assert set(variant["tokens_per_sec"]) == {
+            "ceiling",
+            "ceiling_batched",
+            "grain",
+            "planned",
+            "streaming",
+            "planned_global",
+        }
+        for stats in variant["tokens_per_sec"].values():
+            _positive_stats(stats)
+        for ratio in (
+            "planned_over_grain",
+            "planned_over_ceiling",
+            "planned_over_ceiling_batched",
+            "planned_global_over_grain",
+        ):
+            _positive_stats(variant[ratio])
+        assert all(0 < share <= 1 for share in variant["non_padding_share"].values())
+    assert len(result["targets"]) == 2 * len(result["variants"])
+
+
+def test_cold_start(results):
+    result = _load(results, "cold_start")
+    (size,) = result["documents"].values()
+    _positive_stats(size["secs"])
+    _positive_stats(size["peak_rss_mb"])
+
+
 def test_unknown_benchmark_is_refused(capsys):
     assert run.main(["no_such_benchmark", "--tiny"]) == 2
     assert "unknown benchmark(s) ['no_such_benchmark']; choose from" in capsys.readouterr().err

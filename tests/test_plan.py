@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
+from xlstm_data.batch import LLM_BATCH_FIELDS
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import parse_mixture_schedule
@@ -20,7 +21,8 @@ from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
 from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import GlobalPlan, HostPlanner
-from xlstm_data.sources import SyntheticSource
+from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.sources import InMemorySource, SyntheticSource
 
 #: Stage layouts: (name, global batch, ramp-up, mixture schedule or None).
 LAYOUTS = {
@@ -435,3 +437,59 @@ def test_a_plan_sent_to_a_worker_maps_its_lengths_instead_of_copying_them(tmp_pa
     assert isinstance(copy.lengths[0], np.memmap)
     for step in range(3):
         _same(HostPlanner(copy, 0, 1).pieces_at(step), HostPlanner(plan, 0, 1).pieces_at(step))
+
+
+class _PlainSource:
+    """A grain random-access source of `{"tokens": ...}` without `read_many`."""
+
+    def __init__(self, documents):
+        self._documents = documents
+
+    def __len__(self) -> int:
+        return len(self._documents)
+
+    def __getitem__(self, index):
+        return {"tokens": self._documents[index]}
+
+
+@pytest.mark.parametrize("shift, shift_target", [(True, True), (True, False), (False, False)])
+def test_assembled_batches_equal_a_piece_by_piece_reference(shift, shift_target):
+    """Whole-batch assembly (batched reads, threads, any source) fills rows as a loop would."""
+    plan = make_plan("rampup", "best_fit", shift=shift, shift_target=shift_target)
+    rng = np.random.default_rng(5)
+    documents = [
+        [rng.integers(2, 250, n, dtype=np.int32) for n in SOURCES[name]] for name in ("a", "b")
+    ]
+    eod = 1
+    datasets = {
+        "read_many": PlannedBatchDataset(plan, [InMemorySource(d) for d in documents], 0, 1, eod),
+        "threads": PlannedBatchDataset(
+            plan, [InMemorySource(d) for d in documents], 0, 1, eod, read_threads=3
+        ),
+        "plain": PlannedBatchDataset(plan, [_PlainSource(d) for d in documents], 0, 1, eod),
+    }
+    planner = HostPlanner(plan, 0, 1)
+    length = plan.spec.row_length
+    for step in range(12):
+        pieces = planner.pieces_at(step)
+        want = {name: np.zeros((pieces.rows, length), np.int32) for name in LLM_BATCH_FIELDS}
+        for row in range(pieces.rows):
+            col = 0
+            for segment, (source, doc, start, stop) in enumerate(pieces.row_list(row), 1):
+                tokens = documents[source][doc]
+                stream = np.concatenate(
+                    [[eod], tokens, [eod]] if shift and not shift_target else [tokens, [eod]]
+                )
+                n = stop - start
+                want["inputs"][row, col : col + n] = stream[start:stop]
+                want["targets"][row, col : col + n] = stream[start + shift : stop + shift]
+                for prefix in ("inputs", "targets"):
+                    want[f"{prefix}_segmentation"][row, col : col + n] = segment
+                    want[f"{prefix}_position"][row, col : col + n] = np.arange(n)
+                col += n
+        for name, dataset in datasets.items():
+            got = dataset[step]["batch"]
+            assert list(got) == list(LLM_BATCH_FIELDS)
+            for field in LLM_BATCH_FIELDS:
+                assert got[field].dtype == np.int32
+                np.testing.assert_array_equal(got[field], want[field], err_msg=f"{name} {field}")

@@ -163,6 +163,54 @@ def test_array_record_vocab_check(tmp_path: Path) -> None:
         ArrayRecordSource(path, vocab_size=3)[1]
 
 
+def test_array_record_read_many(token_files: tuple[str, list[list[int]]]) -> None:
+    """One call reads any mix of files, repeats and negative indices, as single reads do."""
+    pattern, docs = token_files
+    src = ArrayRecordSource(pattern)
+    order = [4, 0, 3, 0, -1, 2, 1]
+    got = src.read_many(order)
+    assert [t.tolist() for t in got] == [docs[i] for i in order]
+    assert all(t.dtype == np.int32 and t.ndim == 1 and t.flags.writeable for t in got)
+    got[0][:] = 0  # each array is the caller's: changing one leaves the others
+    assert [t.tolist() for t in got[1:]] == [docs[i] for i in order[1:]]
+    assert src.read_many(np.array([], dtype=np.int64)) == []
+    with pytest.raises(IndexError, match="index 5 is out of range.*0..4"):
+        src.read_many([1, 5])
+    clone = pickle.loads(pickle.dumps(src))  # batch readers are reopened after pickling
+    assert [t.tolist() for t in clone.read_many([3, 1])] == [docs[3], docs[1]]
+
+
+def test_array_record_read_many_names_bad_records(tmp_path: Path) -> None:
+    """A batch with a bad record fails naming that record's file and index, as a single read."""
+    write_array_record(tmp_path / "a.arrayrecord", [[1, 2], [3]])
+    write_array_record(tmp_path / "b.arrayrecord", [[4], [3, 300, 4], [-7], b"12345"])
+    src = ArrayRecordSource(str(tmp_path / "*.arrayrecord"), tokenizer=ByteTokenizer())
+    assert [t.tolist() for t in src.read_many([0, 2])] == [[1, 2], [4]]
+    with pytest.raises(DataReadError, match=r"record 1 of file .*b\.arrayrecord.*id 300"):
+        src.read_many([0, 3, 1])
+    with pytest.raises(DataReadError, match=r"record 2 of file .*b\.arrayrecord.*id -7"):
+        src.read_many([4, 0])
+    with pytest.raises(DataReadError, match=r"record 3 of file .*b\.arrayrecord.*5 bytes"):
+        src.read_many([0, 5])
+    text = tmp_path / "t.arrayrecord"
+    write_array_record(text, ["ab", "c", b"\xff"])
+    src = ArrayRecordSource(str(text), record_format="text")
+    assert [t.tolist() for t in src.read_many([1, 0])] == [
+        src[1]["tokens"].tolist(),
+        src[0]["tokens"].tolist(),
+    ]
+    with pytest.raises(DataReadError, match=r"record 2 of file .*t\.arrayrecord.*UTF-8"):
+        src.read_many([0, 2])
+
+
+def test_read_many_default() -> None:
+    """Sources without a batched read answer `read_many` one document at a time."""
+    src = InMemorySource([[1, 2], [3], [4, 5, 6]])
+    assert [t.tolist() for t in src.read_many([2, 0, -2])] == [[4, 5, 6], [1, 2], [3]]
+    with pytest.raises(IndexError):
+        src.read_many([3])
+
+
 def test_write_array_record_errors(tmp_path: Path) -> None:
     out = tmp_path / "sub" / "w.arrayrecord"
     with pytest.raises(DataConfigError, match=r"record 1 .*float"):

@@ -52,7 +52,8 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
       mesh: The global mesh.
       eod_token_id: Appended to every document.
       worker_count: Worker processes computing whole steps (speed only).
-      worker_buffer_size: Steps each worker prepares ahead.
+      worker_buffer_size: Steps each worker prepares ahead (the config's
+        default, 4: see `data_config`'s defaults for the measurement).
       prefetch: Global batches prepared ahead in a background thread.
       read_threads: Threads reading a batch's documents.
       reset_after_epoch: Restart at step 0 after the last step (eval).
@@ -72,7 +73,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         *,
         eod_token_id: int,
         worker_count: int = 0,
-        worker_buffer_size: int = 1,
+        worker_buffer_size: int = 4,
         prefetch: int = 2,
         read_threads: int = 0,
         reset_after_epoch: bool = False,

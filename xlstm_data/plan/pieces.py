@@ -90,6 +90,8 @@ class Pieces:
         """Rows of `parts`, one after the other."""
         if not parts:
             return Pieces.empty_rows(0)
+        if len(parts) == 1:  # a stream's rows within one block, each step (pieces are immutable)
+            return parts[0]
         offsets = [parts[0].row_offsets]
         base = int(parts[0].row_offsets[-1])
         for part in parts[1:]:

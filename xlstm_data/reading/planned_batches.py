@@ -81,8 +81,28 @@ class PlannedBatchDataset(grain.MapDataset):
             return sys.maxsize
         return max(0, self._num_steps - self._start_step)
 
-    def _read(self, source: int, document: int) -> np.ndarray:
-        return self._sources[source][document]["tokens"]
+    def _read_documents(self, source: int, documents: np.ndarray) -> list[np.ndarray]:
+        """A source's documents of one step, in one `read_many` call where it has one.
+
+        With `read_threads` > 1 the documents are split among the threads, a
+        `read_many` each. A source without `read_many` (any grain
+        random-access source of `{"tokens": ...}` dicts) is read one document
+        at a time.
+        """
+        reader = self._sources[source]
+        read_many = getattr(reader, "read_many", None)
+        if read_many is None:
+
+            def read_many(chosen: np.ndarray) -> list[np.ndarray]:
+                return [
+                    np.asarray(reader[d]["tokens"], dtype=np.int32).reshape(-1)
+                    for d in chosen.tolist()
+                ]
+
+        if self._executor is None or len(documents) < 2:
+            return list(read_many(documents))
+        chunks = np.array_split(documents, min(self._read_threads, len(documents)))
+        return [tokens for part in self._executor.map(read_many, chunks) for tokens in part]
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -99,12 +119,11 @@ class PlannedBatchDataset(grain.MapDataset):
         spec = self._plan.spec
         batch = assemble_rows(
             pieces,
-            self._read,
+            self._read_documents,
             spec.row_length,
             shift=spec.shift,
             shift_target=spec.shift_target,
             eod_token_id=self._eod,
-            executor=self._executor,
         )
         cursors = planner.cursors_at(step + 1)
         return {

@@ -1,95 +1,113 @@
 """Turns planned rows (pieces of documents) into the arrays of a host batch.
 
-Each document of the batch is read once; its example stream is built as in
-`chunking.document_to_examples` (`tokens + [EOD]`, or `[EOD] + tokens + [EOD]`
-when inputs are shifted right); then all fields of all rows are filled with a
-handful of whole-batch numpy operations (index arithmetic for placement,
-segment ids and positions), not a loop per token.
+Each document of the batch is read once, all of one source's in one call;
+its example stream is built as in `chunking.document_to_examples`
+(`tokens + [EOD]`, or `[EOD] + tokens + [EOD]` when inputs are shifted right),
+all streams in one concatenation; then every field of every row is filled by
+one gather from that buffer, with index arithmetic over the whole batch
+(placement, segment ids, positions) and no loop per piece or per token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent import futures
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from xlstm_data.batch import LLM_BATCH_FIELDS
-from xlstm_data.plan.pieces import Pieces, _ranges
+from xlstm_data.plan.pieces import Pieces
 
-#: Reads document `document` of plan source `source` as int32 tokens.
-ReadDocument = Callable[[int, int], np.ndarray]
+#: Reads documents `documents` (int64 array) of plan source `source` as 1-D int32 tokens.
+ReadDocuments = Callable[[int, np.ndarray], Sequence[np.ndarray]]
 
 FIELDS = LLM_BATCH_FIELDS
+_DOCUMENT_BITS = 40
 
 
-def _example_stream(
-    tokens: np.ndarray, shift: bool, shift_target: bool, eod_token_id: int
-) -> np.ndarray:
+def _example_streams(
+    tokens: Sequence[np.ndarray], shift: bool, shift_target: bool, eod_token_id: int, pad: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """All documents' example streams back to back, then `pad` zeros; and each stream's size."""
     eod = np.array([eod_token_id], dtype=np.int32)
-    tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
     if shift and not shift_target:
-        return np.concatenate([eod, tokens, eod])
-    return np.concatenate([tokens, eod])
+        parts = [part for document in tokens for part in (eod, document, eod)]
+        extra = 2
+    else:
+        parts = [part for document in tokens for part in (document, eod)]
+        extra = 1
+    parts.append(np.zeros(pad, dtype=np.int32))
+    sizes = np.fromiter((len(d) for d in tokens), dtype=np.int64, count=len(tokens)) + extra
+    return np.concatenate(parts), sizes
 
 
 def assemble_rows(
     pieces: Pieces,
-    read_document: ReadDocument,
+    read_documents: ReadDocuments,
     row_length: int,
     *,
     shift: bool,
     shift_target: bool,
     eod_token_id: int,
-    executor: futures.Executor | None = None,
 ) -> dict[str, np.ndarray]:
     """The `LLMBatch` fields of the planned rows, int32 `[rows, row_length]`.
 
     Args:
       pieces: The rows to fill.
-      read_document: Reads one document's tokens.
+      read_documents: Reads a source's documents (one call per source).
       row_length: L.
       shift: Targets are the inputs shifted by one.
       shift_target: Shift targets left (else inputs right, EOD as BOS).
       eod_token_id: Appended to every document.
-      executor: Reads documents in parallel when given.
 
     Returns:
       Zero-filled (segmentation 0) where a row has no tokens.
     """
     rows = pieces.rows
-    out = {name: np.zeros((rows, row_length), dtype=np.int32) for name in FIELDS}
+    size = rows * row_length
     if len(pieces.source) == 0:
-        return out
-    keys = pieces.source.astype(np.int64) << 40 | pieces.document
+        return {name: np.zeros((rows, row_length), dtype=np.int32) for name in FIELDS}
+    keys = pieces.source.astype(np.int64) << _DOCUMENT_BITS | pieces.document
     unique, which = np.unique(keys, return_inverse=True)
-    wanted = [(int(k >> 40), int(k & ((1 << 40) - 1))) for k in unique]
-
-    def read(item: tuple[int, int]) -> np.ndarray:
-        return _example_stream(read_document(*item), shift, shift_target, eod_token_id)
-
-    streams = list(executor.map(read, wanted)) if executor else [read(w) for w in wanted]
-    sizes = np.fromiter((len(s) for s in streams), dtype=np.int64, count=len(streams))
-    flat = np.concatenate(streams)
-    stream_offset = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    lengths = pieces.stop - pieces.start
+    unique_source = unique >> _DOCUMENT_BITS
+    unique_document = unique & ((1 << _DOCUMENT_BITS) - 1)
+    # `unique` is sorted, so each source's documents are one run.
+    runs = np.flatnonzero(np.diff(unique_source)) + 1
+    tokens: list[np.ndarray] = []
+    for lo, hi in zip([0, *runs.tolist()], [*runs.tolist(), len(unique)], strict=True):
+        tokens.extend(read_documents(int(unique_source[lo]), unique_document[lo:hi]))
+    # Padding reads two zeros at the end (inputs, and targets one further on).
+    flat, sizes = _example_streams(tokens, shift, shift_target, eod_token_id, 2)
+    pad = len(flat) - 2
     if np.any(pieces.stop + (1 if shift else 0) > sizes[which]):
         raise ValueError(
             "a planned piece lies beyond its document's end: the document lengths the plan "
             "used do not match the documents read (stale lengths index or cache?)"
         )
+    stream_offset = np.cumsum(sizes) - sizes
+    lengths = pieces.stop - pieces.start
     row_of_piece = pieces.row_of_piece()
     first_piece_of_row = pieces.row_offsets[:-1][row_of_piece]
     ends = np.cumsum(lengths)
-    piece_col = ends - lengths - (ends - lengths)[first_piece_of_row]
-    row = np.repeat(row_of_piece, lengths)
-    position = _ranges(np.zeros(len(lengths), np.int64), lengths)
-    col = np.repeat(piece_col, lengths) + position
-    source_index = np.repeat(stream_offset[which] + pieces.start, lengths) + position
-    segment = np.repeat(np.arange(len(lengths)) - first_piece_of_row + 1, lengths)
-    out["inputs"][row, col] = flat[source_index]
-    out["targets"][row, col] = flat[source_index + 1] if shift else flat[source_index]
-    for prefix in ("inputs", "targets"):
-        out[f"{prefix}_segmentation"][row, col] = segment
-        out[f"{prefix}_position"][row, col] = position
-    return out
+    begins = ends - lengths  # of each piece among all the batch's tokens
+    destination_start = row_of_piece * row_length + begins - begins[first_piece_of_row]
+    token = np.arange(int(ends[-1]), dtype=np.int64)
+    destination = token + np.repeat(destination_start - begins, lengths)
+    gather = np.full(size, pad, dtype=np.int64)
+    gather[destination] = token + np.repeat(stream_offset[which] + pieces.start - begins, lengths)
+    segment = np.zeros(size, dtype=np.int32)
+    segment[destination] = np.repeat(
+        (np.arange(len(lengths)) - first_piece_of_row + 1).astype(np.int32), lengths
+    )
+    position = np.zeros(size, dtype=np.int32)
+    position[destination] = token - np.repeat(begins, lengths)
+    inputs = flat[gather]
+    targets = flat[gather + 1] if shift else inputs.copy()
+    shape = (rows, row_length)
+    return {
+        "inputs": inputs.reshape(shape),
+        "targets": targets.reshape(shape),
+        "inputs_segmentation": segment.reshape(shape),
+        "targets_segmentation": segment.copy().reshape(shape),
+        "inputs_position": position.reshape(shape),
+        "targets_position": position.copy().reshape(shape),
+    }

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
+import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, SupportsIndex
 
 import grain
 import numpy as np
@@ -21,6 +23,7 @@ from xlstm_data.sources.base import (
     _check_vocab_size,
     _checked_int32,
     _decode_utf8,
+    _in_range,
     _spec_repr,
     expand_files,
 )
@@ -106,6 +109,7 @@ class ArrayRecordSource(TokenSource):
             self._sources.append(src)
             lengths.append(len(src))
         self._ends = list(np.cumsum(lengths, dtype=np.int64).tolist())
+        self._init_readers()
         self._num_records = int(self._ends[-1])
         if self._num_records == 0:
             raise DataConfigError(
@@ -289,19 +293,25 @@ class ArrayRecordSource(TokenSource):
         start = self._ends[file_idx - 1] if file_idx else 0
         return self._read_local(file_idx, index - start, index)
 
+    def _where(self, file_idx: int, local: int, global_index: int) -> str:
+        """Names a record in error messages."""
+        path = self._files[file_idx]
+        return f"ArrayRecordSource: record {local} of file {path!r} (global index {global_index})"
+
     def _read_local(self, file_idx: int, local: int, global_index: int) -> np.ndarray:
         """Reads and decodes record `local` of file `file_idx`."""
 
         def where() -> str:
-            path = self._files[file_idx]
-            return (
-                f"ArrayRecordSource: record {local} of file {path!r} (global index {global_index})"
-            )
+            return self._where(file_idx, local, global_index)
 
         try:
             raw = self._sources[file_idx][local]
         except Exception as e:
             raise DataReadError(f"{where()}: could not be read ({type(e).__name__}: {e}).") from e
+        return self._decode(raw, where)
+
+    def _decode(self, raw: bytes, where: Any) -> np.ndarray:
+        """Decodes and checks one record (`where()` names it on error)."""
         if self._record_format == "tokens":
             if len(raw) % 4:
                 raise DataReadError(
@@ -314,6 +324,124 @@ class ArrayRecordSource(TokenSource):
             assert self._tokenizer is not None
             values = self._tokenizer.encode(_decode_utf8(raw, where()))
         return _checked_int32(values, self.vocab_size, where)
+
+    # Batched reads ------------------------------------------------------------
+
+    def _init_readers(self) -> None:
+        """No batch reader is open yet: each process opens its own on first use."""
+        self._readers: list[Any] = [None] * len(self._files)
+        self._readers_lock = threading.Lock()
+        self._ends_array = np.array(self._ends, dtype=np.int64)
+        self._starts = np.array([0, *self._ends[:-1]], dtype=np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Drops the batch readers and their lock (opened again in the process that reads)."""
+        state = self.__dict__.copy()
+        del state["_readers"], state["_readers_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_readers()
+
+    def _reader(self, file_idx: int) -> Any:
+        """The batch reader of file `file_idx`, opened once per process (thread-safe)."""
+        reader = self._readers[file_idx]
+        if reader is None:
+            from array_record.python.array_record_module import ArrayRecordReader
+
+            with self._readers_lock:
+                reader = self._readers[file_idx]
+                if reader is None:
+                    # The options grain's ArrayRecordDataSource opens its readers with.
+                    reader = ArrayRecordReader(
+                        self._files[file_idx],
+                        options="readahead_buffer_size:0",
+                        file_reader_buffer_size=32768,
+                    )
+                    self._readers[file_idx] = reader
+        return reader
+
+    def read_many(self, indices: Sequence[SupportsIndex] | np.ndarray) -> list[np.ndarray]:
+        """Reads several documents with one read per file, and checks their ids in one pass.
+
+        Why not one record at a time: a single read costs ~40 us per record
+        on the benchmark corpus (2 KB zstd records; the array_record reader
+        starts a parallel read for every call), a list of 19 records from one
+        file ~20 us per record: 5,700 records read 228 ms one by one, 98-127 ms
+        as 300 lists (2-core machine, 2026-11-23). grain's
+        `ArrayRecordDataSource.__getitems__` reads lists too but starts a thread
+        pool on every call, which ate the gain (224 ms), so the file's
+        array_record reader is called directly, as grain does inside it. The
+        vocabulary check then runs once over the batch's ids instead of once per
+        document (~10 us each). A bad record is found again one by one, so the
+        error names its file and record as a single read's does.
+
+        Args:
+          indices: Document indices in [-len, len), repeats allowed.
+
+        Returns:
+          One fresh 1-D int32 array per index (views of one buffer per call).
+
+        Raises:
+          IndexError: If an index is out of range.
+          DataReadError: If a record cannot be read or decoded, naming it.
+        """
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self._num_records
+        if index.size == 0:
+            return []
+        if int(index.min()) < -n or int(index.max()) >= n:
+            bad = int(index[(index < -n) | (index >= n)][0])
+            raise IndexError(
+                f"{type(self).__name__}: index {bad} is out of range; valid indices are 0..{n - 1}."
+            )
+        index = np.where(index < 0, index + n, index)
+        if len(self._files) == 1:
+            file_of = np.zeros(len(index), dtype=np.int64)
+            raws = self._read_file(0, index, index)
+        else:
+            file_of = np.searchsorted(self._ends_array, index, side="right")
+            local = index - self._starts[file_of]
+            raws = [b""] * len(index)
+            for file_idx in np.unique(file_of).tolist():
+                chosen = np.flatnonzero(file_of == file_idx)
+                records = self._read_file(file_idx, local[chosen], index[chosen])
+                for j, raw in zip(chosen.tolist(), records, strict=True):
+                    raws[j] = raw
+        if self._record_format != "tokens" or any(len(raw) & 3 for raw in raws):
+            # Text is tokenized record by record anyway; a bad size is named there.
+            return [
+                self._decode(raw, self._where_of(int(f), int(g)))
+                for raw, f, g in zip(raws, file_of, index, strict=True)
+            ]
+        flat = np.frombuffer(b"".join(raws), dtype="<i4")
+        upper = _INT32_MAX + 1 if self.vocab_size is None else self.vocab_size
+        if flat.size and not _in_range(flat, upper):
+            for raw, f, g in zip(raws, file_of, index, strict=True):
+                self._decode(raw, self._where_of(int(f), int(g)))  # raises on the bad one
+        flat = flat.astype(np.int32)  # fresh and writable
+        ends = list(itertools.accumulate(len(raw) >> 2 for raw in raws))
+        return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+    def _where_of(self, file_idx: int, global_index: int) -> Any:
+        """`where` of a record by file and global index, formatted only when called."""
+        return lambda: self._where(
+            file_idx, global_index - int(self._starts[file_idx]), global_index
+        )
+
+    def _read_file(self, file_idx: int, local: np.ndarray, global_index: np.ndarray) -> list:
+        """The raw records `local` of file `file_idx`, in one read."""
+        try:
+            return self._reader(file_idx).read(local.tolist())
+        except Exception as e:
+            # Name the record: the same records one by one (only on this error path).
+            for position, g in zip(local.tolist(), global_index.tolist(), strict=True):
+                self._read_local(file_idx, position, g)
+            raise DataReadError(
+                f"ArrayRecordSource: {len(local)} records of file {self._files[file_idx]!r} "
+                f"could not be read together ({type(e).__name__}: {e}), though each reads alone."
+            ) from e
 
     def __repr__(self) -> str:
         return (

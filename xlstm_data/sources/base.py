@@ -110,6 +110,28 @@ class TokenSource(abc.ABC):
             i += n
         return {"tokens": self._read(i)}
 
+    def read_many(self, indices: Sequence[SupportsIndex] | np.ndarray) -> list[np.ndarray]:
+        """Reads several documents' tokens at once, in the order given.
+
+        A caller that knows all the documents of a batch in advance (the
+        planned pipeline) asks for them in one call, so that a source whose
+        storage serves a batch faster than single reads (ArrayRecord: one
+        parallel read per file, see `ArrayRecordSource.read_many`) can
+        override this, and check all the ids of the batch in one pass. This
+        default reads them one by one, as `self[i]["tokens"]` would.
+
+        Args:
+          indices: Document indices in [-len, len), repeats allowed.
+
+        Returns:
+          One 1-D int32 array per index, as `self[i]["tokens"]`.
+
+        Raises:
+          IndexError: If an index is out of range.
+          DataReadError: If a stored document cannot be decoded (naming it).
+        """
+        return [self[i]["tokens"] for i in np.asarray(indices, dtype=np.int64).tolist()]
+
 
 # ----------------------------------------------------------------------------
 # Helpers shared by the sources.
