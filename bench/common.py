@@ -84,6 +84,33 @@ def rotated(items: Sequence[Any], round_index: int) -> list[Any]:
     return list(items[k:]) + list(items[:k])
 
 
+def measure_rounds(
+    measure: Mapping[str, Callable[[int], Mapping[str, Any]]],
+    rounds: int,
+    values: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    label: str,
+) -> None:
+    """Runs every unit of `measure` once per round, in rotated order, collecting results.
+
+    A unit returns `{subject: tokens/s}`, or `{subject: (tokens/s, CPU s per M
+    tokens)}` for the subjects in `cpu`. Units get the round index.
+    """
+    for round_index in range(rounds):
+        for unit in rotated(list(measure), round_index):
+            for subject, result in measure[unit](round_index).items():
+                if subject in cpu:
+                    result, cpu_per_mtoken = result
+                    cpu[subject].append(cpu_per_mtoken)
+                values[subject].append(result)
+        logging.info(
+            "bench %s round %d: %s",
+            label,
+            round_index,
+            {s: f"{v[-1] / 1e6:.3f}M" for s, v in values.items() if v},
+        )
+
+
 def target(
     metric: str, value: float, comparison: str, threshold: float, description: str
 ) -> dict[str, Any]:

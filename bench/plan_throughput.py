@@ -38,7 +38,6 @@ from typing import Any
 
 import grain
 import numpy as np
-from absl import logging
 
 from bench import common, throughput
 from xlstm_data.config.rampup import BatchSizeSchedule
@@ -285,37 +284,25 @@ def measure_variant(
             for _ in range(sizes.warmup_batches):
                 next(iterator)
         measure = {
-            "ceiling": lambda: {
+            "ceiling": lambda _: {
                 "ceiling": throughput._ceiling_tokens_per_sec(  # noqa: SLF001
                     files, record_weights if variant.mixture else None, seeds, sizes
                 )
             },
-            "ceiling_batched": lambda: {
+            "ceiling_batched": lambda _: {
                 "ceiling_batched": _batched_ceiling_tokens_per_sec(sources, order, group, sizes)
             },
-            "paired": lambda: _turns(
+            "paired": lambda round_index: _turns(
                 {name: iterators[name] for name in common.rotated(PAIRED, round_index)},
                 fields,
                 slots,
                 sizes,
             ),
-            "planned_global": lambda: {
+            "planned_global": lambda _: {
                 "planned_global": _global_tokens_per_sec(iterators["planned_global"], sizes)
             },
         }
-        for round_index in range(rounds):
-            for unit in common.rotated(list(measure), round_index):
-                for subject, result in measure[unit]().items():
-                    if subject in PAIRED:
-                        result, cpu_per_mtoken = result
-                        cpu[subject].append(cpu_per_mtoken)
-                    values[subject].append(result)
-            logging.info(
-                "bench plan_throughput %s round %d: %s",
-                variant.name,
-                round_index,
-                {s: f"{v[-1] / 1e6:.3f}M" for s, v in values.items()},
-            )
+        common.measure_rounds(measure, rounds, values, cpu, f"plan_throughput {variant.name}")
     finally:
         for iterator in iterators.values():
             common.close_iterator(iterator)

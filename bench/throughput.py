@@ -33,7 +33,6 @@ from typing import Any
 
 import grain
 import numpy as np
-from absl import logging
 
 import xlstm_data as xd
 from bench import common
@@ -345,28 +344,16 @@ def measure_variant(
     paired = {"grain": lambda: iter(baseline), "ours_host": lambda: iter(host_dataset)}
     paired_fields = {"grain": "targets_segment_ids", "ours_host": "targets_segmentation"}
     measure = {
-        "ceiling": lambda: {"ceiling": _ceiling_tokens_per_sec(files, weights, seeds, sizes)},
-        "grain+ours_host": lambda: _paired_host_rates(
+        "ceiling": lambda _: {"ceiling": _ceiling_tokens_per_sec(files, weights, seeds, sizes)},
+        "grain+ours_host": lambda round_index: _paired_host_rates(
             dict(common.rotated(list(paired.items()), round_index)), paired_fields, sizes
         ),
-        "ours_global": lambda: {"ours_global": _global_tokens_per_sec(ours_global, sizes)},
+        "ours_global": lambda _: {"ours_global": _global_tokens_per_sec(ours_global, sizes)},
     }
     values: dict[str, list[float]] = {s: [] for s in SUBJECTS}
     cpu: dict[str, list[float]] = {s: [] for s in CPU_SUBJECTS}
     try:
-        for round_index in range(sizes.repeats):
-            for unit in common.rotated(list(measure), round_index):
-                for subject, result in measure[unit]().items():
-                    if subject in CPU_SUBJECTS:
-                        result, cpu_per_mtoken = result
-                        cpu[subject].append(cpu_per_mtoken)
-                    values[subject].append(result)
-            logging.info(
-                "bench throughput %s round %d: %s",
-                variant.name,
-                round_index,
-                {s: f"{v[-1] / 1e6:.3f}M" for s, v in values.items()},
-            )
+        common.measure_rounds(measure, sizes.repeats, values, cpu, f"throughput {variant.name}")
     finally:
         for iterator in first_global:  # not measured (an error happened first)
             iterator.close()
