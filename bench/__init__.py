@@ -1,7 +1,8 @@
 """Benchmarks of xlstm-data: figures measured against a baseline in the same process.
 
 Each benchmark module (`throughput`, `packing`, `resume`, `loop_wait`,
-`memory`, `plan`, `plan_throughput`, `cold_start`) has `run(config) -> dict`, which measures, writes
+`memory`, `plan`, `plan_throughput`, `cold_start`, `plan_packing`) has
+`run(config) -> dict`, which measures, writes
 `<out>/<name>.json` (and a PNG where a picture helps) and returns the JSON
 payload, and `summary(result)`, the rows of the summary table. `bench.run`
 is the command line (`python -m bench.run`, `xlstm-data bench`). Results are
@@ -17,4 +18,5 @@ BENCHMARKS = (
     "plan",
     "plan_throughput",
     "cold_start",
+    "plan_packing",
 )

@@ -148,6 +148,18 @@ def test_cold_start(results):
     _positive_stats(size["peak_rss_mb"])
 
 
+def test_plan_packing(results):
+    result = _load(results, "plan_packing")
+    assert set(result["modes"]) == {"best_fit", "first_fit", "concat", "none"}
+    for figures in result["modes"].values():
+        assert 0 < figures["non_padding_share"] <= 1
+        assert 0 <= figures["split_beyond_necessity_share"] <= 1
+        assert figures["planning_ms_per_step"] > 0
+    # Only concat cuts documents that fit a row; best_fit and none never do.
+    assert result["modes"]["best_fit"]["split_beyond_necessity"] == 0
+    assert result["modes"]["none"]["split_beyond_necessity"] == 0
+
+
 def test_unknown_benchmark_is_refused(capsys):
     assert run.main(["no_such_benchmark", "--tiny"]) == 2
     assert "unknown benchmark(s) ['no_such_benchmark']; choose from" in capsys.readouterr().err
