@@ -75,7 +75,7 @@ def _check(source) -> np.ndarray:
     assert source.has_lengths()
     lengths = source.lengths()
     assert isinstance(lengths, np.ndarray)
-    assert lengths.dtype == np.int64 and lengths.shape == (len(source),)
+    assert lengths.dtype in (np.int64, np.int32) and lengths.shape == (len(source),)
     assert lengths.tolist() == _read_lengths(source)
     return lengths
 
@@ -96,6 +96,12 @@ def test_prepared_array_record(tmp_path, corpus):
     source = ArrayRecordSource(str(out / "*.array_record"))
     lengths = _check(source)
     assert lengths.sum() > 0 and len(lengths) == 5 + 2 + 4
+    # A whole prepared directory: its lengths.npy itself, memory-mapped, not an int64 copy.
+    assert isinstance(lengths, np.memmap) and lengths.dtype == np.int32
+    # Some of its shards: their slices joined.
+    some = ArrayRecordSource(sorted(str(p) for p in out.glob("*.array_record"))[1:])
+    part = _check(some)
+    assert not isinstance(part, np.memmap) and part.tolist() == lengths[-len(part) :].tolist()
 
 
 @pytest.mark.parametrize("unit", ["line", "file"])

@@ -228,7 +228,8 @@ class ArrayRecordSource(TokenSource):
         record.
 
         Returns:
-          A 1-D int64 array with one entry per record, in source order.
+          A 1-D integer array with one entry per record, in source order
+          (the memory-mapped `lengths.npy` for a whole prepared directory).
 
         Raises:
           DataConfigError: If the files are not all token shards written by

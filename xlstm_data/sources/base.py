@@ -65,7 +65,8 @@ class TokenSource(abc.ABC):
         """Every document's token count, without the pipeline reading the documents.
 
         Returns:
-          A 1-D int64 array with `len(self)` entries; entry i equals
+          A 1-D integer array (int64, or int32 when memory-mapped from a
+          prepared index) with `len(self)` entries; entry i equals
           `len(self[i]["tokens"])`. It may be read-only and shared: copy it
           before changing it.
 
