@@ -36,7 +36,7 @@ class Sizes:
     repeats: int
 
 
-FULL = Sizes(100_000, 500, 2)
+FULL = Sizes(100_000, 500, 1)
 TINY = Sizes(400, 20, 1)
 
 
