@@ -105,12 +105,10 @@ class SparseSource:
 
 
 def _plan(lengths: np.ndarray) -> Any:
-    from bench.plan_throughput import plan_spec
-    from bench.throughput import Sizes
     from xlstm_data.plan.streams import GlobalPlan
 
-    sizes = Sizes(ROW_LENGTH, BATCH_SIZE, 0, 0, 0, 0, 0)
-    return GlobalPlan(plan_spec(("web",), {"web": 1.0}, sizes), [lengths])
+    spec = common.plan_spec(("web",), {"web": 1.0}, BATCH_SIZE, ROW_LENGTH)
+    return GlobalPlan(spec, [lengths])
 
 
 def first_batch_file(documents: int) -> tuple[Path, np.ndarray]:

@@ -339,27 +339,62 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def synthetic_source(spec: CorpusSpec) -> Any:
+    """The `SyntheticSource` of a corpus spec (its documents, or just their lengths)."""
+    from xlstm_data.sources import SyntheticSource
+
+    return SyntheticSource(
+        num_documents=spec.num_documents,
+        mean_length=spec.mean_length,
+        sigma=spec.sigma,
+        vocab_size=spec.vocab_size,
+        seed=spec.seed,
+        max_length=spec.max_length,
+    )
+
+
+def plan_spec(
+    names: Sequence[str],
+    weights: Mapping[str, float],
+    batch_size: int,
+    row_length: int,
+    packing: str = "best_fit",
+) -> Any:
+    """The config path's `PlanSpec` for these sources: token weights, targets shifted left."""
+    from xlstm_data.config.rampup import BatchSizeSchedule
+    from xlstm_data.plan.mixture import parse_mixture_schedule
+    from xlstm_data.plan.spec import PlanSpec, auto_streams
+
+    names = tuple(names)
+    return PlanSpec(
+        names=names,
+        mixture=parse_mixture_schedule(None, names, dict(weights)),
+        mixture_unit="tokens",
+        row_length=row_length,
+        packing=packing,
+        shift=True,
+        shift_target=True,
+        seed=0,
+        shuffle=True,
+        batch=BatchSizeSchedule(batch_size, None),
+        streams=auto_streams([batch_size]),
+    )
+
+
 def prepare_corpus(spec: CorpusSpec) -> list[str]:
     """Writes the corpus once (cached by its parameters) and returns its files.
 
     The files are written to a temporary directory that is renamed into place
     when complete, so an interrupted or concurrent run never sees half a corpus.
     """
-    from xlstm_data.sources import SyntheticSource, write_array_record
+    from xlstm_data.sources import write_array_record
 
     final = cache_dir() / spec.key()
     marker = final / "spec.json"
     if not marker.exists():
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{spec.key()}-", dir=final.parent))
-        source = SyntheticSource(
-            num_documents=spec.num_documents,
-            mean_length=spec.mean_length,
-            sigma=spec.sigma,
-            vocab_size=spec.vocab_size,
-            seed=spec.seed,
-            max_length=spec.max_length,
-        )
+        source = synthetic_source(spec)
         bounds = np.linspace(0, spec.num_documents, spec.num_files + 1).astype(int)
         for i in range(spec.num_files):
             write_array_record(

@@ -22,36 +22,11 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from xlstm_data.config.rampup import BatchSizeSchedule
-from xlstm_data.plan.mixture import parse_mixture_schedule
-from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
 
 NAME = "plan"
 SEQ_LEN = 1024  # as throughput.FULL
 HOST_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-
-
-def _spec(
-    batch_size: int,
-    names: tuple[str, ...],
-    weights: Mapping[str, float],
-    row_length: int = SEQ_LEN,
-) -> PlanSpec:
-    batch = BatchSizeSchedule(batch_size, None)
-    return PlanSpec(
-        names=names,
-        mixture=parse_mixture_schedule(None, names, dict(weights)),
-        mixture_unit="tokens",
-        row_length=row_length,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
-        batch=batch,
-        streams=auto_streams([batch_size]),
-    )
 
 
 def _synthetic_lengths(documents: int) -> np.ndarray:
@@ -73,8 +48,7 @@ def _resume_secs(plan: GlobalPlan, step: int, repeats: int) -> dict[str, Any]:
 
 
 def _planning_ms_per_step(lengths: np.ndarray, hosts: int, steps: int) -> float:
-    spec = _spec(8 * hosts, ("web",), {"web": 1.0})
-    spec = PlanSpec(**{**spec.__dict__, "streams": auto_streams([8 * hosts])})
+    spec = common.plan_spec(("web",), {"web": 1.0}, 8 * hosts, SEQ_LEN)
     planner = HostPlanner(GlobalPlan(spec, [lengths]), 0, hosts)
     started = time.process_time()
     for step in range(steps):
@@ -86,7 +60,7 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
     started = time.perf_counter()
     tiny = config.tiny
     lengths = _synthetic_lengths(10_000 if tiny else 1_000_000)
-    plan = GlobalPlan(_spec(64, ("web",), {"web": 1.0}), [lengths])
+    plan = GlobalPlan(common.plan_spec(("web",), {"web": 1.0}, 64, SEQ_LEN), [lengths])
     repeats = 2 if tiny else 5
     resume = {str(step): _resume_secs(plan, step, repeats) for step in (10, 10**7)}
     ratio = resume[str(10**7)]["median"] / resume["10"]["median"]

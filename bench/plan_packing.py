@@ -21,12 +21,8 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from xlstm_data.config.rampup import BatchSizeSchedule
-from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.pieces import example_tokens
-from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import GlobalPlan, HostPlanner
-from xlstm_data.sources import SyntheticSource
 
 NAME = "plan_packing"
 MODES = ("best_fit", "first_fit", "concat", "none")
@@ -34,25 +30,10 @@ ROW_LENGTH, BATCH_SIZE = 1024, 8
 TARGET_FILL = 0.99
 
 
-def _spec(packing: str) -> PlanSpec:
-    return PlanSpec(
-        names=("web",),
-        mixture=parse_mixture_schedule(None, ["web"], {"web": 1.0}),
-        mixture_unit="tokens",
-        row_length=ROW_LENGTH,
-        packing=packing,
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
-        batch=BatchSizeSchedule(BATCH_SIZE, None),
-        streams=auto_streams([BATCH_SIZE]),
-    )
-
-
 def measure(lengths: np.ndarray, packing: str, steps: int) -> dict[str, Any]:
     """Fill, split shares and planning time of `steps` global batches of one mode."""
-    plan = GlobalPlan(_spec(packing), [lengths])
+    spec = common.plan_spec(("web",), {"web": 1.0}, BATCH_SIZE, ROW_LENGTH, packing)
+    plan = GlobalPlan(spec, [lengths])
     planner = HostPlanner(plan, 0, 1)
     started = time.process_time()
     batches = [planner.pieces_at(step) for step in range(steps)]
@@ -80,15 +61,7 @@ def measure(lengths: np.ndarray, packing: str, steps: int) -> dict[str, Any]:
 def run(config: common.BenchConfig) -> dict[str, Any]:
     started = time.perf_counter()
     spec = common.lognormal_corpus(config.tiny)["web"]
-    source = SyntheticSource(
-        num_documents=spec.num_documents,
-        mean_length=spec.mean_length,
-        sigma=spec.sigma,
-        vocab_size=spec.vocab_size,
-        seed=spec.seed,
-        max_length=spec.max_length,
-    )
-    lengths = np.asarray(source.lengths())
+    lengths = np.asarray(common.synthetic_source(spec).lengths())
     epoch_tokens = int(example_tokens(lengths, True, True).sum())
     # Less than one epoch, so every document appears at most once.
     steps = min(20 if config.tiny else 1000, epoch_tokens // (BATCH_SIZE * ROW_LENGTH) - 1)

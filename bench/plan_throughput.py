@@ -40,10 +40,7 @@ import grain
 import numpy as np
 
 from bench import common, throughput
-from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.multihost.planned_iterator import PlannedDataIterator
-from xlstm_data.plan.mixture import parse_mixture_schedule
-from xlstm_data.plan.spec import PlanSpec, auto_streams
 from xlstm_data.plan.streams import GlobalPlan
 from xlstm_data.sources import ArrayRecordSource
 
@@ -71,26 +68,6 @@ def variants(tiny: bool) -> list[Variant]:
     if tiny:  # worker processes take seconds to start; `throughput`'s tiny run has them
         return [Variant(False, 0), Variant(True, 0)]
     return [Variant(mixture, workers) for mixture in (False, True) for workers in (0, 2)]
-
-
-def plan_spec(
-    names: tuple[str, ...], weights: Mapping[str, float], sizes: throughput.Sizes
-) -> PlanSpec:
-    """The config path's plan for these sources: best fit, targets shifted left."""
-    batch = BatchSizeSchedule(sizes.batch_size, None)
-    return PlanSpec(
-        names=names,
-        mixture=parse_mixture_schedule(None, names, dict(weights)),
-        mixture_unit="tokens",
-        row_length=sizes.seq_len,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
-        batch=batch,
-        streams=auto_streams([sizes.batch_size]),
-    )
 
 
 def document_lengths(source: ArrayRecordSource, chunk: int = 4096) -> np.ndarray:
@@ -223,7 +200,8 @@ def measure_variant(
     seeds = {n: specs[n].seed for n in names}
     max_lengths = {n: specs[n].max_length for n in names}
     sources = [ArrayRecordSource(files[n]) for n in names]
-    plan = GlobalPlan(plan_spec(names, weights, sizes), [document_lengths(s) for s in sources])
+    spec = common.plan_spec(names, weights, sizes.batch_size, sizes.seq_len)
+    plan = GlobalPlan(spec, [document_lengths(s) for s in sources])
     mesh = common.single_device_mesh()
     grain_variant = throughput.Variant(variant.mixture, packed=True, workers=variant.workers)
     mixture = weights if variant.mixture else None

@@ -74,7 +74,7 @@ def test_the_data_step_map_of_skip_ranges():
     skips = parse_skip_steps([[10, 20], [30, 35]])
     steps = (0, 9, 10, 19, 20, 29, 30)
     assert [skips.data_step(t) for t in steps] == [0, 9, 20, 29, 35, 44, 45]
-    assert skips.skipped_data_steps() == [(10, 20), (30, 35)]
+    assert skips.ranges == ((10, 20), (30, 35))
     # A finite run of 50 data steps has 35 training steps (15 skipped).
     assert skips.train_steps_before(50) == 35
     assert StepSkips().data_step(7) == 7

@@ -51,13 +51,14 @@ from xlstm_data.multihost.planned_iterator import (
     PlannedDataIterator,
     is_plan_state,
     merge_plan_states,
+    saved_data_step,
 )
 from xlstm_data.sources.identity import describe_changes
 
 #: Version of the per-process file layout below; bump on format changes.
 CHECKPOINT_FORMAT_VERSION = 1
 
-_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
 def state_file_name(process_index: int, process_count: int) -> str:
@@ -153,10 +154,10 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         else:
             if not path.exists():
                 raise _missing_file_error(directory, path, layout.process_count)
-            header, state = _read_record(path)
+            header, state = read_record(path)
             _check_header(path, header, layout)
         current = _flat_config(args.iterator, args.data_config)
-        data_step = int(state.get("data_step", state.get("step") or 0))
+        data_step = saved_data_step(state)
         changed, unasked = _check_config(
             path,
             header.get("data_config"),
@@ -257,14 +258,14 @@ def _planned_record(
     merged (each file holds its process's logical streams).
     """
     if own.exists():
-        header, state = _read_record(own)
+        header, state = read_record(own)
         _check_version(own, header)
         if is_plan_state(state):
             return own, header, state
     saved = sorted(
         (int(m.group(2)), int(m.group(1)), p)
         for p in directory.glob("process_*-of-*.json")
-        if (m := _STATE_FILE.fullmatch(p.name))
+        if (m := STATE_FILE.fullmatch(p.name))
     )
     counts = sorted({count for count, _, _ in saved})
     if not saved:
@@ -274,7 +275,7 @@ def _planned_record(
             f"the checkpoint item {directory} mixes files of process counts {counts}; it is "
             "corrupted"
         )
-    records = [_read_record(p) for _, _, p in saved]
+    records = [read_record(p) for _, _, p in saved]
     present = sorted(index for _, index, _ in saved)
     if present != list(range(counts[0])):
         raise DataCheckpointError(
@@ -309,7 +310,7 @@ def _check_version(path: epath.Path, header: Mapping[str, Any]) -> None:
         )
 
 
-def _read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         record = json.loads(path.read_text())
         header, state = record["header"], record["state"]
@@ -331,7 +332,7 @@ def _missing_file_error(
         {
             int(match.group(2))
             for p in directory.glob("process_*-of-*.json")
-            if (match := _STATE_FILE.fullmatch(p.name))
+            if (match := STATE_FILE.fullmatch(p.name))
         }
     )
     if saved_counts and process_count not in saved_counts:

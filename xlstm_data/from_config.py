@@ -112,16 +112,38 @@ def open_train_plan(data_config: Any) -> TrainPlan:
     """The train plan of a config: sources opened, lengths loaded, no document read."""
     cfg: DataConfig = validate_data_config(data_config)
     spec = train_plan_spec(cfg)
-    opened: dict[str, Any] = {}
-    for source in cfg.train:
-        if source.name in spec.names:
-            key = f"data.train.{source.name}"
-            opened[key] = _open(key, source)
-            resolve_eod_token_id(cfg.eod_token_id, opened)
-    cfg = dataclasses.replace(cfg, eod_token_id=resolve_eod_token_id(cfg.eod_token_id, opened))
-    sources = {n: opened[f"data.train.{n}"] for n in spec.names}
-    plan = GlobalPlan(spec, [source_lengths(f"data.train.{n}", sources[n]) for n in spec.names])
+    mixed = [s for s in cfg.train if s.name in spec.names]
+    opened, cfg = _open_sources(cfg, [("train", mixed)])
+    plan, sources = _train_plan(spec, mixed, opened)
     return TrainPlan(cfg, plan, sources)
+
+
+def _open_sources(
+    cfg: DataConfig, splits: Sequence[tuple[str, Sequence[SourceConfig]]]
+) -> tuple[dict[str, Any], DataConfig]:
+    """Opens the sources by `data.<split>.<name>` key; returns them and `cfg` with the EOD id.
+
+    The end-of-document id is checked as each source opens, so a mismatch
+    fails before the next is indexed. The checkpoint records the id in use:
+    an unset key that resolves to the id a config used to spell out is not a
+    data-config change.
+    """
+    opened: dict[str, Any] = {}
+    for split, specs in splits:
+        for spec in specs:
+            opened[f"data.{split}.{spec.name}"] = _open(f"data.{split}.{spec.name}", spec)
+            resolve_eod_token_id(cfg.eod_token_id, opened)
+    eod_token_id = resolve_eod_token_id(cfg.eod_token_id, opened)
+    return opened, dataclasses.replace(cfg, eod_token_id=eod_token_id)
+
+
+def _train_plan(
+    spec: PlanSpec, mixed: Sequence[SourceConfig], opened: dict[str, Any]
+) -> tuple[GlobalPlan, dict[str, Any]]:
+    """The train plan on the opened sources (their lengths loaded), and the sources by name."""
+    sources = {s.name: opened[f"data.train.{s.name}"] for s in mixed}
+    lengths = [source_lengths(f"data.train.{n}", sources[n]) for n in spec.names]
+    return GlobalPlan(spec, lengths), sources
 
 
 def iterators_from_config(
@@ -153,23 +175,11 @@ def iterators_from_config(
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     eval_specs = {spec.name: eval_plan_spec(cfg, spec.name) for spec in cfg.eval}
     mixed = [s for s in cfg.train if s.name in train_spec.names]
-    opened: dict[str, Any] = {}
-    for split, specs in (("train", mixed), ("eval", cfg.eval)):
-        for spec in specs:
-            opened[f"data.{split}.{spec.name}"] = _open(f"data.{split}.{spec.name}", spec)
-            # Checked as each source opens, so a mismatch fails before the next is indexed.
-            resolve_eod_token_id(cfg.eod_token_id, opened)
-    eod_token_id = resolve_eod_token_id(cfg.eod_token_id, opened)
-    # The checkpoint records the id in use: an unset key that resolves to the
-    # id a config used to spell out is not a data-config change.
-    cfg = dataclasses.replace(cfg, eod_token_id=eod_token_id)
-    sources = {s.name: opened[f"data.train.{s.name}"] for s in mixed}
-    plan = GlobalPlan(
-        train_spec, [source_lengths(f"data.train.{n}", sources[n]) for n in train_spec.names]
-    )
+    opened, cfg = _open_sources(cfg, [("train", mixed), ("eval", cfg.eval)])
+    plan, sources = _train_plan(train_spec, mixed, opened)
     common = dict(
         mesh=mesh,
-        eod_token_id=eod_token_id,
+        eod_token_id=cfg.eod_token_id,
         prefetch=cfg.prefetch,
         read_threads=cfg.read_threads or 0,
         batch_class=LLMBatch,

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from etils import epath
 
+from xlstm_data.checkpoint import STATE_FILE, read_record
 from xlstm_data.config.fingerprint import (
     config_changes,
     flat_data_config,
@@ -26,17 +27,19 @@ from xlstm_data.config.fingerprint import (
 )
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.from_config import TrainPlan, open_train_plan
-from xlstm_data.multihost.planned_iterator import cursors_by_name, merge_plan_states
+from xlstm_data.multihost.planned_iterator import (
+    cursors_by_name,
+    merge_plan_states,
+    saved_data_step,
+)
 from xlstm_data.plan.contents import RowContents, step_rows
 from xlstm_data.plan.streams import Cursor
 from xlstm_data.sources.identity import (
     IDENTITY_KEYS,
+    dataset_files,
+    dataset_identities,
     describe_changes,
-    file_table,
-    source_identity,
 )
-
-_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +94,11 @@ def read_saved_run(workdir: str) -> SavedRun:
             "to list a run's steps from its config instead"
         )
     data = directory / str(step) / "data"
-    files = sorted(p for p in data.glob("process_*-of-*.json") if _STATE_FILE.fullmatch(p.name))
+    files = sorted(p for p in data.glob("process_*-of-*.json") if STATE_FILE.fullmatch(p.name))
     if not files:
         raise DataCheckpointError(f"checkpoint {directory / str(step)} holds no data state")
-    records = [json.loads(p.read_text()) for p in files]
-    header, state = records[0]["header"], records[0]["state"]
+    records = [read_record(p) for p in files]
+    header, state = records[0]
     if header.get("data_config") is None or state.get("kind") != "plan":
         raise DataCheckpointError(
             f"checkpoint {directory / str(step)} was not saved by a planned iterator with its "
@@ -103,9 +106,9 @@ def read_saved_run(workdir: str) -> SavedRun:
         )
     return SavedRun(
         step=int(state["step"]),
-        data_step=int(state.get("data_step", state["step"])),
+        data_step=saved_data_step(state),
         flat_config=dict(header["data_config"]),
-        states=[r["state"] for r in records],
+        states=[state for _, state in records],
         files=header.get("data_files"),
     )
 
@@ -143,14 +146,6 @@ def warn_about_changed_data(
         )
         for line in changes:
             print(f"warning:   {line}", file=err)
-
-
-def plan_identities(opened: TrainPlan) -> dict[str, dict[str, Any]]:
-    """Today's identity of each train dataset of a plan."""
-    return {
-        name: source_identity(opened.sources[name], lengths)
-        for name, lengths in zip(opened.plan.spec.names, opened.plan.lengths, strict=True)
-    }
 
 
 def parse_steps(step: int | None, steps: str | None) -> range:
@@ -258,8 +253,9 @@ def run_batch(
         raise DataConfigError("give --config=FILE or --workdir=DIR (a run with a checkpoint)")
     opened = open_train_plan(config.data if config is not None else saved.data_config())
     if saved is not None:
-        files = {name: file_table(source) for name, source in opened.sources.items()}
-        warn_about_changed_data(saved, plan_identities(opened), files, workdir, err)
+        plan = opened.plan
+        identities = dataset_identities(opened.sources, plan.spec.names, plan.lengths)
+        warn_about_changed_data(saved, identities, dataset_files(opened.sources), workdir, err)
     rows = list_rows(opened, steps, processes=processes, saved=saved)
     tokenizers = None
     if decode:

@@ -32,7 +32,7 @@ from xlstm_data.plan.mixture import MixtureSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
-from xlstm_data.sources.identity import file_table, source_identity
+from xlstm_data.sources.identity import dataset_files, dataset_identities
 
 #: Version of the planned state record; bump on format changes.
 PLAN_STATE_VERSION = 3
@@ -61,8 +61,8 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
       batch_axis_names: Mesh axes the batch rows are split over.
       data_config: The validated data config (fingerprinted in checkpoints).
       sources_by_name: Sources by name (for `source_documents` and tools).
-      skips: Training steps whose data is skipped (`data.skip_steps`); the
-        plan, its mixture and ramp-up stages, are indexed by data step.
+      skips: Data steps never trained on (`data.skip_steps`); the plan, its
+        mixture and ramp-up stages, are indexed by data step.
     """
 
     def __init__(
@@ -153,7 +153,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         self._state_of_last = None
         if state is not None:
             self._state_of_last = {
-                "data_step": _saved_data_step(state),
+                "data_step": saved_data_step(state),
                 "cursors": _cursor_lists(cursors),
             }
 
@@ -176,19 +176,15 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
     def source_identities(self) -> dict[str, dict[str, Any]]:
         """Per train dataset, its files' digest, lengths checksum and tokenizer (checkpointed)."""
         if self._identities is None:
-            self._identities = {
-                name: source_identity(self.sources[name], lengths)
-                for name, lengths in zip(self.plan.spec.names, self.plan.lengths, strict=True)
-                if name in self.sources
-            }
+            plan = self.plan
+            self._identities = dataset_identities(self.sources, plan.spec.names, plan.lengths)
         return self._identities
 
     @property
     def source_files(self) -> dict[str, dict[str, list[int]]]:
         """Per train dataset with files, `{path: [bytes, mtime_ns]}` (process 0 records it)."""
         if self._files is None:
-            tables = {name: file_table(source) for name, source in self.sources.items()}
-            self._files = {name: table for name, table in tables.items() if table}
+            self._files = dataset_files(self.sources)
         return self._files
 
     # Steps -------------------------------------------------------------------
@@ -213,9 +209,10 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         """Global rows handed out before training step `step` (skipped steps' rows not counted)."""
         step = self.step_counter if step is None else step
         batch = self.plan.spec.batch
-        seen = batch.examples_seen(self.data_step_at(step))
-        for first, end in self.skips.skipped_data_steps():
-            if end <= self.data_step_at(step):
+        data_step = self.data_step_at(step)
+        seen = batch.examples_seen(data_step)
+        for first, end in self.skips.ranges:
+            if end <= data_step:
                 seen -= batch.examples_seen(end) - batch.examples_seen(first)
         return seen
 
@@ -277,7 +274,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             )
         step = int(state["step"])
         saved_skips = StepSkips(tuple(tuple(r) for r in state.get("skip_steps", ())))
-        self.skips.check_resume(saved_skips, _saved_data_step(state))
+        self.skips.check_resume(saved_skips, saved_data_step(state))
         self._check_schedule(state)
         cursors = _cursors_from(state)
         missing = [s for s in self.plan.host_streams(*self._host()) if s not in cursors]
@@ -288,7 +285,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"{self.layout.host_count} reads; the checkpoint is missing process files"
             )
         remapped = cursors_by_name(state, self.plan.spec.names)
-        self._restart({"step": step, "data_step": _saved_data_step(state), "cursors": remapped})
+        self._restart({"step": step, "data_step": saved_data_step(state), "cursors": remapped})
         counters = state.get("data_counters")
         if counters is not None:
             self.data_counters.set_state(counters)
@@ -315,16 +312,16 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         if old == spec.mixture:
             return None
         old_plan = GlobalPlan(dataclasses.replace(spec, mixture=old), self.plan.lengths)
-        row, _ = self.plan.stream_rows(_saved_data_step(state))
+        row, _ = self.plan.stream_rows(saved_data_step(state))
         latest = None
         for stream, cursor in _cursors_from(
             {"cursors": cursors_by_name(state, spec.names)}
         ).items():
             trained = row - cursor.row
+            if trained <= 0:  # the checkpoint is at the block's start: nothing trained of it
+                continue
             before, following, _ = old_plan.plan_block(stream, cursor)
             after, _, _ = self.plan.plan_block(stream, cursor)
-            if trained <= 0:
-                continue
             if after.rows < trained or not before.row_slice(0, trained).equals(
                 after.row_slice(0, trained)
             ):
@@ -333,7 +330,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         return latest
 
     def _check_schedule(self, state: Mapping[str, Any]) -> None:
-        step = _saved_data_step(state)  # ramp-up stages are data steps
+        step = saved_data_step(state)  # ramp-up stages are data steps
         saved = BatchSizeSchedule(int(state["global_batch_size"]), state["batch_schedule"])
         mine = self.plan.spec.batch
         changed = [
@@ -418,7 +415,7 @@ def cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str,
     return out
 
 
-def _saved_data_step(state: Mapping[str, Any]) -> int:
+def saved_data_step(state: Mapping[str, Any]) -> int:
     """The data step a saved position continues at (its step, before skips existed)."""
     return int(state.get("data_step", state["step"]))
 

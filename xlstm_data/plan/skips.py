@@ -51,19 +51,14 @@ class StepSkips:
         return data_step
 
     def train_steps_before(self, data_steps: int) -> int:
-        """Training steps whose data step is below `data_steps` (a finite run's length)."""
-        low, high = 0, data_steps
-        while low < high:  # data_step is increasing: the first step at or past the end
-            middle = (low + high) // 2
-            if self.data_step(middle) < data_steps:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        """Training steps whose data step is below `data_steps` (a finite run's length).
 
-    def skipped_data_steps(self) -> list[tuple[int, int]]:
-        """The `[start, end)` ranges of data steps that no training step gets."""
-        return list(self.ranges)
+        Every data step outside the ranges is trained on exactly once.
+        """
+        skipped = sum(
+            min(end, data_steps) - start for start, end in self.ranges if start < data_steps
+        )
+        return data_steps - skipped
 
     def to_pairs(self) -> list[list[int]]:
         return [[start, end] for start, end in self.ranges]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,23 @@ def source_identity(source: Any, lengths: np.ndarray) -> dict[str, Any]:
     if who is not None:
         identity["tokenizer_identity"] = who
     return identity
+
+
+def dataset_identities(
+    sources: Mapping[str, Any], names: Sequence[str], lengths: Sequence[np.ndarray]
+) -> dict[str, dict[str, Any]]:
+    """`source_identity` of each train dataset, by name (`lengths` in `names` order)."""
+    return {
+        name: source_identity(sources[name], array)
+        for name, array in zip(names, lengths, strict=True)
+        if name in sources
+    }
+
+
+def dataset_files(sources: Mapping[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """`file_table` of each dataset that reads files, by name."""
+    tables = {name: file_table(source) for name, source in sources.items()}
+    return {name: table for name, table in tables.items() if table}
 
 
 def describe_file_changes(
