@@ -339,6 +339,16 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def counted_tokens_per_sec(iterator: Any, batches: int) -> float:
+    """Tokens/s of `batches` batches of an iterator, from its own `data_counters`."""
+    tokens_before = iterator.data_counters.tokens
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    elapsed = time.perf_counter() - started
+    return (iterator.data_counters.tokens - tokens_before) / elapsed
+
+
 def synthetic_source(spec: CorpusSpec) -> Any:
     """The `SyntheticSource` of a corpus spec (its documents, or just their lengths)."""
     from xlstm_data.sources import SyntheticSource

@@ -182,12 +182,7 @@ def _batched_ceiling_tokens_per_sec(
 
 def _global_tokens_per_sec(iterator: PlannedDataIterator, sizes: throughput.Sizes) -> float:
     """Tokens/s of the whole iterator (global arrays), from its own counters."""
-    tokens_before = iterator.data_counters.tokens
-    started = time.perf_counter()
-    for _ in range(sizes.timed_batches):
-        next(iterator)
-    elapsed = time.perf_counter() - started
-    return (iterator.data_counters.tokens - tokens_before) / elapsed
+    return common.counted_tokens_per_sec(iterator, sizes.timed_batches)
 
 
 def measure_variant(

@@ -253,12 +253,7 @@ def _global_tokens_per_sec(make_iterator: Callable[[], Any], sizes: Sizes) -> fl
     try:
         for _ in range(sizes.warmup_batches):
             next(iterator)
-        tokens_before = iterator.data_counters.tokens
-        started = time.perf_counter()
-        for _ in range(sizes.timed_batches):
-            next(iterator)
-        elapsed = time.perf_counter() - started
-        return (iterator.data_counters.tokens - tokens_before) / elapsed
+        return common.counted_tokens_per_sec(iterator, sizes.timed_batches)
     finally:
         iterator.close()
 
