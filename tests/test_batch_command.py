@@ -169,3 +169,10 @@ def test_a_step_past_a_finite_runs_end_is_refused(tmp_path, capsys):
 def test_a_workdir_without_a_checkpoint_is_named(tmp_path, capsys):
     assert main(["batch", f"--workdir={tmp_path}", "--step=1"]) == 2
     assert f"--workdir='{tmp_path}' has no checkpoint" in capsys.readouterr().err
+
+
+def test_a_workdir_whose_checkpoint_holds_no_data_state_is_named(tmp_path, capsys):
+    (tmp_path / "checkpoints" / "5").mkdir(parents=True)
+    assert main(["batch", f"--workdir={tmp_path}", "--step=1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--workdir='{tmp_path}'" in err and "holds no data state" in err

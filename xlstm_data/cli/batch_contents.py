@@ -96,13 +96,17 @@ def read_saved_run(workdir: str) -> SavedRun:
     data = directory / str(step) / "data"
     files = sorted(p for p in data.glob("process_*-of-*.json") if STATE_FILE.fullmatch(p.name))
     if not files:
-        raise DataCheckpointError(f"checkpoint {directory / str(step)} holds no data state")
+        raise DataCheckpointError(
+            f"--workdir={workdir!r}: its latest checkpoint {directory / str(step)} holds no "
+            "data state (no data/process_*-of-*.json); pass a run saved with its data position "
+            "(trainer_hooks.train, or DataCheckpointSave), or --config"
+        )
     records = [read_record(p) for p in files]
     header, state = records[0]
     if header.get("data_config") is None or state.get("kind") != "plan":
         raise DataCheckpointError(
-            f"checkpoint {directory / str(step)} was not saved by a planned iterator with its "
-            "data config; pass --config"
+            f"--workdir={workdir!r}: checkpoint {directory / str(step)} was not saved by a "
+            "planned iterator with its data config (iterators_from_config); pass --config"
         )
     return SavedRun(
         step=int(state["step"]),
