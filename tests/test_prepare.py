@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 import xlstm_data as xd
 from xlstm_data.cli.main import main as cli_main
-from xlstm_data.cli.prepare import prepare_corpus
 from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.prepare.corpus import prepare_corpus
 from xlstm_data.sources import ArrayRecordSource, write_array_record
 from xlstm_data.sources.tokenizers import ByteTokenizer
 
@@ -74,7 +75,7 @@ def test_rerun_keeps_finished_shards_and_redoes_the_rest(tmp_path, inputs):
     shards = sorted(out.glob("*.array_record"))
     stamps = {p.name: p.stat().st_mtime_ns for p in shards}
     # Interrupted mid-way: shard 2 never finished (no done marker, half a file).
-    (out / ".prepare" / (shards[2].name + ".done.json")).unlink()
+    (out / ".prepare" / "shards" / f"train-{shards[2].name}.done.json").unlink()
     shards[2].write_bytes(b"partial")
     # And an input changed since its shard was made.
     (inputs / "a.txt").write_text("changed\n")
@@ -121,7 +122,8 @@ def test_cli_prints_progress_and_the_config_path(tmp_path, inputs, capsys):
     out = tmp_path / "prepared"
     assert cli_main(["prepare", str(inputs / "*"), "--output", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "4/4 shards" in captured.err
+    assert re.search(r"parts +\[#+\] 4/4", captured.err)
+    assert re.search(r"shards +\[#+\] 4/4", captured.err)
     assert f"path='{out}/*.array_record'" in captured.out
 
 
@@ -178,22 +180,24 @@ def test_ids_outside_the_vocabulary_are_refused_unless_declared(tmp_path, capsys
 # ---------------------------------------------------------------- .json inputs
 
 
-def test_json_input_needs_an_explicit_format(tmp_path, capsys):
+def test_json_input_is_read_as_json_lines_only_when_it_holds_them(tmp_path, capsys):
     records = [{"text": "one {braced}"}, {"text": "two"}]
     (tmp_path / "data.json").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     out = tmp_path / "o"
-    assert cli_main(["prepare", str(tmp_path / "data.json"), "--output", str(out)]) == 2
-    error = capsys.readouterr().err
-    assert "data.json" in error and "--format=jsonl" in error and "--format=text" in error
-    assert not out.exists() or not list(out.glob("*.array_record"))
     decode = ByteTokenizer().decode
-    prepare_corpus([str(tmp_path / "data.json")], str(out), input_format="jsonl")
+    prepare_corpus([str(tmp_path / "data.json")], str(out))
     source = ArrayRecordSource(str(out / "*.array_record"))
     assert [decode(source[i]["tokens"]) for i in range(len(source))] == ["one {braced}", "two"]
     # Asked for explicitly, the raw characters (braces, keys) are the text.
     prepare_corpus([str(tmp_path / "data.json")], str(out), input_format="text")
     source = ArrayRecordSource(str(out / "*.array_record"))
     assert decode(source[0]["tokens"]) == json.dumps(records[0])
+    # One JSON document (not one object per line) is refused, naming the way out.
+    (tmp_path / "doc.json").write_text(json.dumps(records, indent=2))
+    assert cli_main(["prepare", str(tmp_path / "doc.json"), "--output", str(tmp_path / "d")]) == 2
+    error = capsys.readouterr().err
+    assert "doc.json" in error and "--format=text" in error
+    assert not list((tmp_path / "d").glob("*.array_record"))
 
 
 # ---------------------------------------------------------------- stale shards and index
@@ -210,12 +214,14 @@ def test_rerun_with_fewer_inputs_removes_only_its_stale_shards(tmp_path, inputs)
         "shard-00001-of-00002.array_record",
         "shard-extra.array_record",
     ]
-    assert sorted(p.name for p in (out / ".prepare").iterdir()) == [
-        "shard-00000-of-00002.array_record.done.json",
-        "shard-00000-of-00002.array_record.lengths.npy",
-        "shard-00001-of-00002.array_record.done.json",
-        "shard-00001-of-00002.array_record.lengths.npy",
+    assert sorted(p.name for p in (out / ".prepare" / "shards").iterdir()) == [
+        "train-shard-00000-of-00002.array_record.done.json",
+        "train-shard-00000-of-00002.array_record.lengths.npy",
+        "train-shard-00001-of-00002.array_record.done.json",
+        "train-shard-00001-of-00002.array_record.lengths.npy",
     ]
+    parts = sorted(p.name.split(".", 1)[1] for p in (out / ".prepare" / "parts").iterdir())
+    assert parts == ["done.json", "done.json", "lengths.npy", "lengths.npy"]
     assert (out / "notes.txt").read_text() == "mine"
     source = ArrayRecordSource(str(out / "shard-*-of-*.array_record"))
     docs = expected_documents()

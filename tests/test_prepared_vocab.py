@@ -11,8 +11,8 @@ import pytest
 
 from tests.test_tokenizers import write_byte_bpe
 from xlstm_data.cli.main import main as cli_main
-from xlstm_data.cli.prepare import prepare_corpus
 from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.prepare.corpus import prepare_corpus
 from xlstm_data.sources import ArrayRecordSource
 from xlstm_data.sources.tokenizers import HFTokenizer
 

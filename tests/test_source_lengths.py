@@ -19,8 +19,8 @@ import pytest
 
 from tests.test_tokenizers import write_byte_bpe
 from xlstm_data.cli.inspect_config import _source_counts
-from xlstm_data.cli.prepare import prepare_corpus
 from xlstm_data.errors import DataConfigError
+from xlstm_data.prepare.corpus import prepare_corpus
 from xlstm_data.sources import (
     ArrayRecordSource,
     InMemorySource,

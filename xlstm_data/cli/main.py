@@ -165,24 +165,38 @@ def _check_config_file(argv: Sequence[str]) -> None:
 
 def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     del argv
-    from xlstm_data.cli.prepare import INPUT_FORMATS
+    from xlstm_data.prepare.inputs import INPUT_FORMATS
+    from xlstm_data.prepare.settings import RUNNERS
     from xlstm_data.sources import TEXT_UNITS
 
-    flags.DEFINE_string("output", None, "output directory (required)", flag_values=fv)
+    flags.DEFINE_string("output", None, "output directory or URI (required)", flag_values=fv)
     flags.DEFINE_string(
         "format",
         "auto",
-        f"one of {', '.join(INPUT_FORMATS)}: auto picks by suffix (.jsonl, .npy/.npz, else text)",
+        f"one of {', '.join(INPUT_FORMATS)}: auto detects compression, Parquet, Arrow and "
+        "numpy files from their bytes, then picks by suffix (.jsonl, .json holding JSON lines, "
+        ".npy/.npz, else text)",
         flag_values=fv,
     )
-    flags.DEFINE_string("field", "text", "JSONL key holding the text", flag_values=fv)
+    flags.DEFINE_string(
+        "field", "text", "JSON key or Parquet/Arrow column holding each document", flag_values=fv
+    )
     flags.DEFINE_string(
         "unit", "line", f"a text document is one {' or one '.join(TEXT_UNITS)}", flag_values=fv
     )
     flags.DEFINE_string(
         "tokenizer", "byte", "byte, or a local HuggingFace tokenizer .json", flag_values=fv
     )
-    flags.DEFINE_integer("workers", 1, "input files tokenized in parallel", flag_values=fv)
+    flags.DEFINE_string(
+        "eod_token",
+        None,
+        "the tokenizer's end-of-document token, when it is not one of the usual spellings",
+        flag_values=fv,
+    )
+    flags.DEFINE_string("pad_token", None, "the tokenizer's padding token", flag_values=fv)
+    flags.DEFINE_integer(
+        "workers", 1, "processes tokenizing parts and writing shards (local runner)", flag_values=fv
+    )
     flags.DEFINE_integer(
         "vocab_size",
         None,
@@ -190,53 +204,128 @@ def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
         "tokenizer's); for token arrays whose ids are not the tokenizer's",
         flag_values=fv,
     )
+    flags.DEFINE_integer(
+        "num_shards",
+        None,
+        "output shards of about equal tokens (default: one per input file)",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "shard_size_mb",
+        None,
+        "target MiB of tokens per shard, instead of --num_shards",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "skip_bad_lines",
+        False,
+        "skip unparsable lines and rows, and report how many per file (default: stop and name "
+        "the file and line)",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "validation_fraction",
+        None,
+        "share of documents held out into OUTPUT/validation, chosen by --seed",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "validation_documents",
+        None,
+        "number of documents held out, instead of --validation_fraction",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer("seed", 0, "chooses the held-out documents", flag_values=fv)
+    flags.DEFINE_integer(
+        "part_mb", 256, "inputs larger than this are tokenized in parallel parts", flag_values=fv
+    )
+    flags.DEFINE_enum(
+        "runner",
+        "local",
+        list(RUNNERS),
+        "local processes, or an Apache Beam pipeline",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "beam_options",
+        "",
+        "Beam pipeline options for --runner=beam, e.g. '--runner=DataflowRunner --project=P' "
+        "(default DirectRunner)",
+        flag_values=fv,
+    )
+
+
+def progress_bar(label: str, done: int, total: int) -> None:
+    """One line on stderr, redrawn in place, ending when `done == total`."""
+    width = 30
+    filled = int(width * done / max(1, total))
+    print(
+        f"\r{label:<9} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
+        end="" if done < total else "\n",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _prepare(fv: flags.FlagValues, inputs: list[str]) -> int:
-    from xlstm_data.cli.prepare import prepare_corpus
+    import shlex
+
+    from xlstm_data.prepare.corpus import prepare_corpus
 
     if not inputs:
         raise UsageError("no INPUT given; pass input files or globs, e.g. 'raw/*.jsonl'")
     if not fv.output:
         raise UsageError("--output is required: the directory the shards are written to")
-
-    def progress(done: int, total: int, shard: dict[str, Any]) -> None:
-        width = 30
-        filled = int(width * done / total)
-        print(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} shards "
-            f"(last: {shard['documents']:,} documents, {shard['tokens']:,} tokens)",
-            end="" if done < total else "\n",
-            file=sys.stderr,
-            flush=True,
-        )
-
+    if fv.beam_options and fv.runner != "beam":
+        raise UsageError(f"--beam_options={fv.beam_options!r} needs --runner=beam")
+    labels = {"tokenize": "parts", "write": "shards"}
     index = prepare_corpus(
         inputs,
         fv.output,
+        workers=fv.workers,
+        runner=fv.runner,
+        beam_options=shlex.split(fv.beam_options),
+        progress=lambda step, done, total: progress_bar(labels[step], done, total),
         input_format=fv.format,
         field=fv.field,
         unit=fv.unit,
         tokenizer=fv.tokenizer,
-        workers=fv.workers,
+        eod_token=fv.eod_token,
+        pad_token=fv.pad_token,
         vocab_size=fv.vocab_size,
-        progress=progress,
+        skip_bad_lines=fv.skip_bad_lines,
+        num_shards=fv.num_shards,
+        shard_size_mb=fv.shard_size_mb,
+        validation_fraction=fv.validation_fraction,
+        validation_documents=fv.validation_documents,
+        seed=fv.seed,
+        part_mb=fv.part_mb,
     )
+    output = fv.output.rstrip("/")
+    for path, count in index.get("skipped_lines", {}).items():
+        print(f"skipped {count:,} bad lines in {path}")
     print(
         f"prepared {index['documents']:,} documents, {index['tokens']:,} tokens in "
-        f"{len(index['shards'])} shards: {fv.output}/*.array_record "
-        f"(use kind='array_record', path='{fv.output}/*.array_record')"
+        f"{len(index['shards'])} shards: {output}/*.array_record "
+        f"(use kind='array_record', path='{output}/*.array_record')"
     )
+    if "validation" in index:
+        held = index["validation"]
+        print(
+            f"held out {held['documents']:,} documents, {held['tokens']:,} tokens in "
+            f"{len(held['shards'])} shards: {output}/validation/*.array_record"
+        )
     return 0
 
 
 PREPARE = Command(
     name="prepare",
-    summary="tokenize text/JSONL/token arrays into ArrayRecord shards",
+    summary="tokenize text, JSON lines, Parquet, Arrow or token arrays into ArrayRecord shards",
     usage="prepare INPUT... --output=DIR [flags]",
     description=(
-        "Tokenizes each INPUT file (or glob) into one ArrayRecord shard in --output, with\n"
-        "index.json and lengths.npy. A rerun keeps finished shards."
+        "Tokenizes the INPUT files, globs or HuggingFace dataset directories (plain, .gz or\n"
+        ".zst) into ArrayRecord shards in --output, with index.json and lengths.npy (and a\n"
+        "held-out split in --output/validation). A rerun keeps finished parts and shards."
     ),
     define=_define_prepare,
     run=_prepare,

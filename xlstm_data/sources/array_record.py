@@ -184,7 +184,7 @@ class ArrayRecordSource(TokenSource):
                     f"ArrayRecordSource: the shards were prepared with {made_with}, which is "
                     "not a file on this machine; pass tokenizer= the path of a copy of it."
                 )
-            found = get_tokenizer(prepared.tokenizer)
+            found = prepared.load_tokenizer()
         else:
             found = self._tokenizer
             assert found is not None

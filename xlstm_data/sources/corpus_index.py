@@ -111,6 +111,17 @@ class PreparedCorpus:
     eod_id: int
     index_files: tuple[str, ...]
     slices: tuple[tuple[str, int, int, int], ...] | None
+    eod_token: str | None = None
+    pad_token: str | None = None
+
+    def load_tokenizer(self) -> Any:
+        """The tokenizer the shards were made with, with the special tokens `prepare` was
+        told (`--eod_token`/`--pad_token`); without them its own are detected again."""
+        from xlstm_data.sources.tokenizers import HFTokenizer, get_tokenizer
+
+        if self.eod_token is None and self.pad_token is None:
+            return get_tokenizer(self.tokenizer)
+        return HFTokenizer(self.tokenizer, eod_token=self.eod_token, pad_token=self.pad_token)
 
     def lengths(self) -> np.ndarray | None:
         """Every document's token count (in file order), or None if unknown.
@@ -251,6 +262,8 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
         eod_id=index["eod_id"],
         index_files=tuple(os.path.join(d, INDEX_FILE) for d in prepared),
         slices=None if slices is None else tuple(slices),
+        eod_token=index.get("eod_token"),
+        pad_token=index.get("pad_token"),
     )
 
 

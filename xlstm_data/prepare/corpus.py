@@ -1,0 +1,368 @@
+"""A whole preparation: inputs to shards plus `index.json` and `lengths.npy`, run locally.
+
+A `Preparation` holds what was asked (validated settings, the input parts,
+the output directory) and the four steps every runner runs in this order:
+
+1. `tokenize` each part (in parallel; a part already tokenized is kept);
+2. `plan` the shards from all parts' lengths (one call; a pure function);
+3. `write` each shard (in parallel; a shard already written is kept);
+4. `finish`: write the indexes and remove what this run does not produce.
+
+`prepare_corpus` runs them in this process or a process pool; `beam.run_beam`
+runs the same steps as an Apache Beam pipeline, so the two runners' outputs
+are the same bytes. Output layout: the training shards, `index.json` and
+`lengths.npy` in the output directory (a source reads
+`kind="array_record", path="OUT/*.array_record"`), the held-out split the
+same way in `OUT/validation/`, and the per-step bookkeeping in `OUT/.prepare`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import multiprocessing
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from xlstm_data.checks import check_int
+from xlstm_data.errors import DataConfigError
+from xlstm_data.prepare import paths
+from xlstm_data.prepare.inputs import find_inputs
+from xlstm_data.prepare.settings import RUNNERS, PrepareSettings
+from xlstm_data.prepare.shards import (
+    SHARD_FILE,
+    SHARDS_DIR,
+    TRAIN,
+    VALIDATION,
+    ShardTask,
+    TokenizedPart,
+    finished_shard,
+    plan_shards,
+    shard_lengths,
+    split_directory,
+    write_shard,
+)
+from xlstm_data.prepare.tokenize import PARTS_DIR, PartJob, part_jobs, part_lengths, tokenize_part
+from xlstm_data.sources.corpus_index import INDEX_FILE, LENGTHS_FILE, PREPARE_FORMAT_VERSION
+
+#: Per-step bookkeeping lives apart, so `OUT/*` globs match shards only.
+WORK_DIR = ".prepare"
+_WORK_FILE = re.compile(
+    r"(part-[0-9a-f]{24}\.(tokens|lengths\.npy|done\.json)"
+    r"|(train|validation)-shard-\d{5,}-of-\d{5,}\.array_record\.(lengths\.npy|done\.json))"
+    r"(\.[0-9a-f]{12}\.partial)?"
+)
+#: progress(step, done, total): step is "tokenize" or "write".
+Progress = Callable[[str, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Preparation:
+    """A validated preparation and the steps that carry it out.
+
+    Attributes:
+      settings: What to do.
+      output_dir: Where the shards and indexes go.
+      files: The input files, in order.
+      jobs: Their parts, in order.
+    """
+
+    settings: PrepareSettings
+    output_dir: str
+    files: tuple[str, ...]
+    jobs: tuple[PartJob, ...]
+
+    @classmethod
+    def create(cls, inputs: Sequence[str], output_dir: str, **settings: Any) -> Preparation:
+        """Validates everything and finds the inputs, before any document is read.
+
+        Raises:
+          DataConfigError: On a bad argument or input (named).
+        """
+        if isinstance(inputs, str) or not inputs:
+            raise DataConfigError(
+                f"inputs={inputs!r}: pass a list of input files or globs, e.g. ['raw/*.jsonl']"
+            )
+        if not isinstance(output_dir, str) or not output_dir:
+            raise DataConfigError(
+                f"--output={output_dir!r} is invalid; pass the directory to write shards to"
+            )
+        checked = PrepareSettings.create(**settings)
+        parts = find_inputs(
+            list(inputs), checked.input_format, unit=checked.unit, part_bytes=checked.part_mb << 20
+        )
+        work_dir = paths.join(output_dir, WORK_DIR)
+        files = tuple(dict.fromkeys(part.path for part in parts))
+        return cls(checked, output_dir, files, tuple(part_jobs(parts, checked, work_dir)))
+
+    @property
+    def work_dir(self) -> str:
+        return paths.join(self.output_dir, WORK_DIR)
+
+    def plan(self, summaries: Iterable[dict[str, Any]]) -> list[ShardTask]:
+        """Step 2: every shard, from all parts' summaries (in any order)."""
+        by_name = {summary["name"]: summary for summary in summaries}
+        missing = [job.name for job in self.jobs if job.name not in by_name]
+        if missing:
+            raise RuntimeError(f"prepare: parts {missing[:3]} were never tokenized")
+        file_numbers = {path: number for number, path in enumerate(self.files)}
+        parts, first = [], 0
+        for job in self.jobs:
+            documents = int(by_name[job.name]["documents"])
+            parts.append(
+                TokenizedPart(
+                    job.name, job.part.path, file_numbers[job.part.path], first, documents
+                )
+            )
+            first += documents
+        jobs = {job.name: job for job in self.jobs}
+        return plan_shards(
+            parts, lambda part: part_lengths(jobs[part.name]), self.settings, len(self.files)
+        )
+
+    def shard_writes(self, tasks: Sequence[ShardTask]) -> list[ShardWrite]:
+        """Step 3's work items: each shard with the parts it reads (and nothing more to ship)."""
+        jobs = {job.name: job for job in self.jobs}
+        return [
+            ShardWrite(
+                task,
+                tuple(jobs[name] for name in dict.fromkeys(p.part for p in task.pieces)),
+                self.output_dir,
+            )
+            for task in tasks
+        ]
+
+    def finish(
+        self, tasks: Sequence[ShardTask], summaries: Iterable[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Step 4: writes each split's index, deletes part tokens and what this run does not make.
+
+        Returns:
+          The training split's index (the held-out split's under "validation").
+        """
+        written = {(s["split"], s["file"]): s for s in summaries}
+        skipped = self._skipped_lines()
+        indexes = {}
+        for split in (TRAIN, VALIDATION):
+            split_tasks = [task for task in tasks if task.split == split]
+            directory = split_directory(self.output_dir, split)
+            _remove_stale(directory, SHARD_FILE, {task.file for task in split_tasks})
+            if not split_tasks:
+                paths.remove(paths.join(directory, INDEX_FILE))
+                paths.remove(paths.join(directory, LENGTHS_FILE))
+                continue
+            shards = [written[(split, task.file)] for task in split_tasks]
+            indexes[split] = self._write_index(split, split_tasks, shards, skipped)
+        current = {
+            job.name + suffix for job in self.jobs for suffix in (".lengths.npy", ".done.json")
+        }
+        _remove_stale(paths.join(self.work_dir, PARTS_DIR), _WORK_FILE, current)
+        _remove_stale(
+            paths.join(self.work_dir, SHARDS_DIR),
+            _WORK_FILE,
+            {
+                f"{task.split}-{task.file}{suffix}"
+                for task in tasks
+                for suffix in (".lengths.npy", ".done.json")
+            },
+        )
+        index = dict(indexes[TRAIN])
+        if VALIDATION in indexes:
+            index["validation"] = indexes[VALIDATION]
+        logging.info(
+            "prepared %d documents, %d tokens in %d shards under %s",
+            index["documents"],
+            index["tokens"],
+            len(index["shards"]),
+            self.output_dir,
+        )
+        return index
+
+    def _skipped_lines(self) -> dict[str, int]:
+        """Bad lines skipped, per input file (under --skip_bad_lines)."""
+        counts: dict[str, int] = collections.Counter()
+        for job in self.jobs:
+            summary = paths.read_json(job.path(".done.json"))
+            if summary["skipped_lines"]:
+                counts[job.signature["source"]] += summary["skipped_lines"]
+        return dict(counts)
+
+    def _write_index(
+        self,
+        split: str,
+        tasks: Sequence[ShardTask],
+        shards: Sequence[dict[str, Any]],
+        skipped: dict[str, int],
+    ) -> dict[str, Any]:
+        directory = split_directory(self.output_dir, split)
+        lengths = np.concatenate([shard_lengths(task, self.work_dir) for task in tasks])
+        paths.write_npy_atomically(paths.join(directory, LENGTHS_FILE), lengths.astype(np.int32))
+        settings = self.settings
+        index: dict[str, Any] = {
+            "format_version": PREPARE_FORMAT_VERSION,
+            "tokenizer": settings.tokenizer,
+            "tokenizer_vocab_size": settings.tokenizer_vocab_size,
+            "eod_id": settings.eod_id,
+            "vocab_size": settings.vocab_size,
+            "documents": int(lengths.size),
+            "tokens": int(lengths.sum(dtype=np.int64)),
+            "split": split,
+            "shards": [
+                _shard_entry(task, shard) for task, shard in zip(tasks, shards, strict=True)
+            ],
+        }
+        for key in ("eod_token", "pad_token"):
+            if getattr(settings, key) is not None:
+                index[key] = getattr(settings, key)
+        held = tasks[0].held_out
+        if held.count:
+            index["held_out"] = {
+                "documents": held.count,
+                "of": held.documents,
+                "seed": settings.seed,
+                "validation_fraction": settings.validation_fraction,
+                "validation_documents": settings.validation_documents,
+            }
+        if skipped:
+            index["skipped_lines"] = skipped
+        paths.write_json_atomically(paths.join(directory, INDEX_FILE), index)
+        return index
+
+
+def tokenize_step(job: PartJob) -> dict[str, Any]:
+    """Step 1: a part's summary, tokenizing it if it never was."""
+    return tokenize_part(job, with_tokens=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardWrite:
+    """Step 3's unit of work: a shard and the parts it is cut from."""
+
+    task: ShardTask
+    jobs: tuple[PartJob, ...]
+    output_dir: str
+
+
+def write_step(item: ShardWrite) -> dict[str, Any]:
+    """Step 3: writes a shard unless written; re-tokenizes its parts if their tokens are gone."""
+    work_dir = paths.join(item.output_dir, WORK_DIR)
+    if finished_shard(item.task, item.output_dir, work_dir) is None:
+        for job in item.jobs:
+            tokenize_part(job, with_tokens=True)
+    return write_shard(
+        item.task,
+        item.output_dir,
+        work_dir,
+        lambda name, suffix: paths.join(work_dir, PARTS_DIR, name + suffix),
+    )
+
+
+def _shard_entry(task: ShardTask, shard: dict[str, Any]) -> dict[str, Any]:
+    entry = {key: shard[key] for key in ("file", "documents", "tokens", "bytes")}
+    inputs = [paths.absolute(path) for path in task.inputs]
+    if len(inputs) == 1:
+        entry["source"] = inputs[0]
+    entry["inputs"] = inputs
+    return entry
+
+
+def _remove_stale(directory: str, pattern: re.Pattern[str], keep: set[str]) -> None:
+    """Deletes files named like this tool's own in `directory` that are not in `keep`.
+
+    Only names `prepare` itself writes are touched, so other files a user keeps
+    in the output directory survive, and half-written files never outlive a run.
+    """
+    for name in paths.listdir(directory):
+        match = pattern.fullmatch(name)
+        if match is None or (name in keep or match.group(1) in keep) and ".partial" not in name:
+            continue
+        path = paths.join(directory, name)
+        logging.info("prepare: removing %s, which this run does not produce", path)
+        paths.remove(path)
+
+
+def run_steps(
+    preparation: Preparation,
+    map_: Callable[[Callable[[Any], Any], Sequence[Any], str], Iterator[Any]],
+) -> dict[str, Any]:
+    """Runs the four steps, mapping steps 1 and 3 with `map_(fn, items, step)`."""
+    summaries = list(map_(tokenize_step, preparation.jobs, "tokenize"))
+    tasks = preparation.plan(summaries)
+    written = list(map_(write_step, preparation.shard_writes(tasks), "write"))
+    index = preparation.finish(tasks, written)
+    for job in preparation.jobs:  # the bulk; lengths and markers stay for reruns
+        paths.remove(job.path(".tokens"))
+    return index
+
+
+def prepare_corpus(
+    inputs: Sequence[str],
+    output_dir: str,
+    *,
+    workers: int = 1,
+    runner: str = "local",
+    beam_options: Sequence[str] = (),
+    progress: Progress | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Tokenizes `inputs` into ArrayRecord shards with an index in `output_dir`.
+
+    Args:
+      inputs: Files, globs or HuggingFace dataset directories (see
+        `inputs.find_inputs` for the kinds read and how they are detected).
+      output_dir: Where the shards, `index.json` and `lengths.npy` go (a local
+        path or a URI such as gs://...). Shards of an earlier run that this
+        one does not produce are deleted.
+      workers: Processes tokenizing parts and writing shards (local runner).
+      runner: "local", or "beam" to run the same steps as a Beam pipeline.
+      beam_options: Beam pipeline options (e.g. ["--runner=DirectRunner"]).
+      progress: Called as `progress(step, done, total)`.
+      **settings: `PrepareSettings.create` arguments (input_format, field,
+        unit, tokenizer, eod_token, pad_token, vocab_size, skip_bad_lines,
+        num_shards, shard_size_mb, validation_fraction, validation_documents,
+        seed, part_mb).
+
+    Returns:
+      The training index (also in `output_dir/index.json`); with a held-out
+      split, its index is under "validation".
+
+    Raises:
+      DataConfigError: On a bad argument or input (before any input is read).
+      DataReadError: On an input that cannot be read or holds ids outside the
+        vocabulary.
+    """
+    check_int("--workers", workers, 1)
+    if runner not in RUNNERS:
+        raise DataConfigError(f"--runner={runner!r} is invalid; valid runners: {list(RUNNERS)}")
+    if runner == "beam":
+        from xlstm_data.prepare.beam import check_beam_installed, run_beam
+
+        check_beam_installed()
+        preparation = Preparation.create(inputs, output_dir, **settings)
+        return run_beam(preparation, beam_options)
+    preparation = Preparation.create(inputs, output_dir, **settings)
+    paths.makedirs(preparation.work_dir)
+    with _pool(workers) as pool:
+
+        def map_(fn: Callable[[Any], Any], items: Sequence[Any], step: str) -> Iterator[Any]:
+            results = pool.map(fn, items) if pool else map(fn, items)
+            for done, result in enumerate(results, 1):
+                if progress:
+                    progress(step, done, len(items))
+                yield result
+
+        return run_steps(preparation, map_)
+
+
+def _pool(workers: int) -> Any:
+    """Worker processes (spawned: the caller may hold threads); none for one worker."""
+    if workers == 1:
+        return contextlib.nullcontext()
+    context = multiprocessing.get_context("spawn")
+    return concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)

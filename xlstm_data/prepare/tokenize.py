@@ -1,0 +1,191 @@
+"""Step 1 of a preparation: one input part into token ids on disk.
+
+A part (a whole input file, or a byte or row-group range of a big one) is
+tokenized into `WORK/parts/<name>.tokens` (little-endian int32, documents
+back to back) and `<name>.lengths.npy`, then marked done with
+`<name>.done.json`. Step 2 cuts the shards out of these files, so how the
+output is sharded does not depend on how the input was split or which worker
+tokenized what.
+
+A part's name is a digest of everything its tokens depend on: the input's
+path, size and modification time, the part's range and the tokenization
+settings. A rerun (after an interruption, or with more inputs) therefore
+reuses every part already done, and a changed input or setting gets a new
+name instead of stale tokens. The bulky `.tokens` files are deleted once the
+shards are written; the lengths and markers stay, so a rerun that finds its
+shards complete reads nothing, and one that must rewrite a shard tokenizes
+its parts again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from xlstm_data.errors import DataReadError
+from xlstm_data.prepare import paths
+from xlstm_data.prepare.inputs import InputPart, SkippedLines, read_documents
+from xlstm_data.prepare.settings import PrepareSettings, load_tokenizer
+
+PARTS_DIR = "parts"
+#: Tokens buffered before a write: 32 MiB.
+_WRITE_TOKENS = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class PartJob:
+    """A part to tokenize, with what its output depends on.
+
+    Attributes:
+      part: The input part.
+      settings: The preparation's settings.
+      work_dir: The preparation's work directory (`OUTPUT/.prepare`).
+      signature: The input file's path, size and mtime, the part's range and
+        the tokenization settings.
+      name: A digest of `signature`; names the part's files.
+    """
+
+    part: InputPart
+    settings: PrepareSettings
+    work_dir: str
+    signature: dict[str, Any]
+    name: str
+
+    def path(self, suffix: str) -> str:
+        return paths.join(self.work_dir, PARTS_DIR, self.name + suffix)
+
+
+def part_jobs(
+    parts: Sequence[InputPart], settings: PrepareSettings, work_dir: str
+) -> list[PartJob]:
+    """The jobs for `parts`, each input file looked at once."""
+    stats: dict[str, tuple[int, int]] = {}
+    jobs = []
+    for part in parts:
+        if part.path not in stats:
+            stats[part.path] = paths.stat(part.path)
+        size, mtime_ns = stats[part.path]
+        signature = {
+            "source": paths.absolute(part.path),
+            "size": size,
+            "mtime_ns": mtime_ns,
+            "kind": part.kind,
+            "compression": part.compression,
+            "part": [part.part, part.parts, part.start, part.stop],
+            **settings.tokenization(),
+        }
+        digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()
+        jobs.append(PartJob(part, settings, work_dir, signature, f"part-{digest[:24]}"))
+    return jobs
+
+
+def finished_part(job: PartJob, *, with_tokens: bool) -> dict[str, Any] | None:
+    """The summary of an already tokenized part, or None if it must be (re)done."""
+    done = job.path(".done.json")
+    if not paths.exists(done):
+        return None
+    summary = paths.read_json(done)
+    if summary.get("signature") != job.signature:
+        return None
+    if with_tokens and paths.size(job.path(".tokens")) != 4 * summary["tokens"]:
+        return None
+    return summary
+
+
+def part_lengths(job: PartJob) -> np.ndarray:
+    """Every document's token count in a finished part."""
+    with paths.open_file(job.path(".lengths.npy"), "rb") as f:
+        return np.load(f)
+
+
+def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
+    """Tokenizes the part unless already done; returns its summary.
+
+    Args:
+      job: The part.
+      with_tokens: Whether its tokens file must exist; False accepts a part
+        whose tokens were deleted after its shards were written (its
+        lengths are all the shard plan needs).
+
+    Raises:
+      DataReadError: On a document that cannot be read (naming the file and
+        line) or an id outside the corpus vocabulary.
+    """
+    finished = finished_part(job, with_tokens=with_tokens)
+    if finished is not None:
+        return finished
+    skipped = SkippedLines()
+    lengths: list[int] = []
+    tokens_path = job.path(".tokens")
+    paths.makedirs(paths.join(job.work_dir, PARTS_DIR))
+    partial = paths.partial_name(tokens_path)
+    with paths.open_file(partial, "wb") as out:
+        buffered: list[np.ndarray] = []
+        pending = 0
+        for tokens in _part_tokens(job, skipped):
+            lengths.append(tokens.size)
+            buffered.append(tokens)
+            pending += tokens.size
+            if pending >= _WRITE_TOKENS:
+                out.write(np.concatenate(buffered).astype("<i4", copy=False).tobytes())
+                buffered, pending = [], 0
+        if buffered:
+            out.write(np.concatenate(buffered).astype("<i4", copy=False).tobytes())
+    paths.replace(partial, tokens_path)
+    array = np.asarray(lengths, dtype=np.int32)
+    paths.write_npy_atomically(job.path(".lengths.npy"), array)
+    summary = {
+        "name": job.name,
+        "signature": job.signature,
+        "documents": int(array.size),
+        "tokens": int(array.sum(dtype=np.int64)),
+        "skipped_lines": skipped.count,
+        "skipped_examples": skipped.examples,
+    }
+    paths.write_json_atomically(job.path(".done.json"), summary)
+    if skipped.count:
+        logging.warning(
+            "prepare: skipped %d bad lines in %s (part %d of %d), e.g. %s",
+            skipped.count,
+            job.part.path,
+            job.part.part + 1,
+            job.part.parts,
+            skipped.examples[0],
+        )
+    return summary
+
+
+def _part_tokens(job: PartJob, skipped: SkippedLines) -> Iterator[np.ndarray]:
+    """The part's documents as int32 ids, each checked against the corpus vocabulary."""
+    settings = job.settings
+    tokenizer = load_tokenizer(settings.tokenizer, settings.eod_token, settings.pad_token)
+    documents = read_documents(
+        job.part,
+        field=settings.field,
+        unit=settings.unit,
+        skip_bad_lines=settings.skip_bad_lines,
+        skipped=skipped,
+    )
+    for number, document in enumerate(documents):
+        tokens = np.asarray(tokenizer.encode(document) if isinstance(document, str) else document)
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= settings.vocab_size):
+            bad = int(tokens[(tokens < 0) | (tokens >= settings.vocab_size)][0])
+            raise DataReadError(
+                f"prepare: document {number} of {_where(job.part)} holds token id {bad}, "
+                f"outside the corpus vocabulary [0, {settings.vocab_size}) (--tokenizer="
+                f"{settings.tokenizer!r}); pass the tokenizer these ids come from (--tokenizer) "
+                "or their vocabulary size (--vocab_size)"
+            )
+        yield tokens.astype(np.int32, copy=False)
+
+
+def _where(part: InputPart) -> str:
+    if part.parts == 1:
+        return repr(part.path)
+    return f"{part.path!r} (part {part.part + 1} of {part.parts})"
