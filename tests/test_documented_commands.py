@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.multiprocess import REPO, free_port, run_train_processes, subprocess_env
@@ -33,6 +34,16 @@ MULTIHOST = (
     "python -m trainer_hooks.train --config=configs/multihost.py --workdir=/shared/run1 "
     "--coordinator=10.0.0.1:1234 --num_processes=4 --process_id=$RANK"
 )
+
+PREPARE_PARQUET = (
+    'xlstm-data prepare "fineweb/*.parquet" --output=/data/fineweb --num_shards=64 '
+    "--validation_fraction=0.001 --workers=8"
+)
+TRAIN_PREPARED = (
+    "python -m trainer_hooks.train --config=configs/prepared.py:/data/fineweb --workdir=fineweb_run"
+)
+INDEX = 'xlstm-data index "/data/shards/*.array_record" --workers=8'
+PREPARE_BEAM = 'xlstm-data prepare "raw/*.jsonl.zst" --output=/data/corpus --runner=beam'
 
 ELASTIC = (
     "python -m trainer_hooks.train --config=configs/demo.py --workdir=demo_workdir "
@@ -61,6 +72,10 @@ COVERED_BY = {
     "make demo": "tests.test_documented_commands::test_make_demo",
     "make test": ".ci/run (CI runs the suite with it)",
     PREPARE: "tests.test_documented_commands::test_readme_prepare_command",
+    PREPARE_PARQUET: "tests.test_documented_commands::test_readme_parquet_corpus_to_training",
+    TRAIN_PREPARED: "tests.test_documented_commands::test_readme_parquet_corpus_to_training",
+    INDEX: "tests.test_documented_commands::test_readme_index_and_beam_commands",
+    PREPARE_BEAM: "tests.test_documented_commands::test_readme_index_and_beam_commands",
     INSPECT: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
     BENCH_CONFIG: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
     MULTIHOST: "tests.test_documented_commands::test_readme_multihost_command_on_4_processes",
@@ -122,6 +137,60 @@ def test_readme_prepare_command(tmp_path):
     assert "prepared 4 documents" in result.stdout
     index = json.loads((tmp_path / "corpus" / "index.json").read_text())
     assert index["documents"] == 4 and len(index["shards"]) == 2
+
+
+def test_readme_parquet_corpus_to_training(tmp_path):
+    """A directory of Parquet files to a training run, with the README's two commands."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "fineweb").mkdir()
+    rng = np.random.default_rng(0)
+    for number in range(3):
+        texts = [
+            f"page {number}-{i}: " + " ".join(["words"] * int(rng.integers(5, 200)))
+            for i in range(3000)
+        ]
+        table = pa.table({"id": list(range(len(texts))), "text": texts})
+        pq.write_table(table, tmp_path / "fineweb" / f"{number:03d}.parquet", row_group_size=700)
+    data = tmp_path / "data" / "fineweb"
+    prepared = shell(PREPARE_PARQUET.replace("/data/fineweb", str(data)), tmp_path)
+    assert "prepared 8,991 documents" in prepared.stdout
+    assert "held out 9 documents" in prepared.stdout
+    assert len(list(data.glob("*.array_record"))) == 64
+    command = TRAIN_PREPARED.replace("/data/fineweb", str(data)).replace(
+        "fineweb_run", str(tmp_path / "run")
+    )
+    trained = shell(f"{command} --config.num_train_steps=4", REPO)
+    assert "final_step: 4" in trained.stdout
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert "eval" in metrics  # the held-out split is the eval set
+
+
+def test_readme_index_and_beam_commands(tmp_path):
+    import zstandard
+
+    from xlstm_data.sources import ArrayRecordSource, write_array_record
+
+    shards = tmp_path / "data" / "shards"
+    rng = np.random.default_rng(1)
+    documents = [rng.integers(2, 258, int(n)).astype(np.int32) for n in rng.integers(1, 90, 60)]
+    for k in range(3):
+        write_array_record(shards / f"part-{k}.array_record", documents[k * 20 : (k + 1) * 20])
+    indexed = shell(INDEX.replace("/data/shards", str(shards)), tmp_path)
+    assert "60 documents" in indexed.stdout.replace(",", "")
+    source = ArrayRecordSource(str(shards / "*.array_record"))
+    assert source.lengths().tolist() == [len(d) for d in documents]
+
+    (tmp_path / "raw").mkdir()
+    lines = "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(50))
+    (tmp_path / "raw" / "a.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(lines.encode())
+    )
+    corpus = tmp_path / "data" / "corpus"
+    result = shell(PREPARE_BEAM.replace("/data/corpus", str(corpus)), tmp_path)
+    assert "prepared 50 documents" in result.stdout
+    assert len(ArrayRecordSource(str(corpus / "*.array_record"))) == 50
 
 
 def test_readme_inspect_and_bench_commands(tmp_path):

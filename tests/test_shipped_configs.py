@@ -28,8 +28,29 @@ def batch_log(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "batches.jsonl").read_text().splitlines()]
 
 
+def prepared_corpus(tmp_path: Path) -> Path:
+    """A small Parquet corpus with a held-out split, prepared through the CLI."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from xlstm_data.cli.main import main as cli_main
+
+    texts = [f"document {i}: " + "lorem ipsum " * (i % 40) for i in range(400)]
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "raw" / "part-0.parquet")
+    out = tmp_path / "prepared"
+    argv = ["prepare", str(tmp_path / "raw" / "*.parquet"), f"--output={out}"]
+    assert cli_main([*argv, "--num_shards=2", "--validation_fraction=0.05"]) == 0
+    return out
+
+
 def test_configs_are_found():
-    assert {c.name for c in CONFIGS} >= {"demo.py", "mixture_rampup.py", "multihost.py"}
+    assert {c.name for c in CONFIGS} >= {
+        "demo.py",
+        "mixture_rampup.py",
+        "multihost.py",
+        "prepared.py",
+    }
 
 
 @pytest.mark.parametrize(
@@ -37,6 +58,8 @@ def test_configs_are_found():
 )
 def test_every_config_trains_on_an_8_device_host(tmp_path, config):
     """configs/multihost.py trains on 8 devices in the override test below."""
+    if config.name == "prepared.py":  # takes the directory `prepare` wrote
+        config = f"{config}:{prepared_corpus(tmp_path)}"
     out = train(tmp_path / "run", config, "--config.num_train_steps=3", "--cpu_devices=8")
     assert "final_step: 3" in out
     assert [row["step"] for row in batch_log(tmp_path / "run")] == [1, 2, 3]

@@ -1,7 +1,8 @@
-"""The `xlstm-data` command line: prepare, inspect, batch and bench.
+"""The `xlstm-data` command line: prepare, index, inspect, batch and bench.
 
-`prepare` tokenizes raw text, JSONL or token arrays into ArrayRecord shards
-with an index; `inspect` prints what a config will do before a long run is
+`prepare` tokenizes raw text, JSON lines, Parquet, Arrow or token arrays into
+ArrayRecord shards with an index; `index` writes that index for shards made
+elsewhere; `inspect` prints what a config will do before a long run is
 launched; `batch` lists the documents in given steps of a config or a run;
 `bench` runs the benchmarks in `bench/`, or measures the pipeline
 of your own config. Every subcommand parses its flags with absl, and a config
