@@ -94,6 +94,7 @@ class TextFileSource(TokenSource):
         self._tokenizer = get_tokenizer(tokenizer)
         self.vocab_size = int(self._tokenizer.vocab_size)
         self._files = expand_files(pattern, "TextFileSource: pattern")
+        _refuse_compressed(self._files)
         if jsonl_field is None and not json_as_text:
             json_files = [f for f in self._files if f.lower().endswith(".json")]
             if json_files:
@@ -332,6 +333,22 @@ class TextFileSource(TokenSource):
             f"TextFileSource({files}, documents={len(self)}, unit={self._unit!r}, "
             f"jsonl_fields={fields}, tokenizer={self._tokenizer!r})"
         )
+
+
+def _refuse_compressed(files: list[str]) -> None:
+    """Compressed files cannot be read by position: name them and the way to read them."""
+    for path in files:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        compression = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}.get(
+            head[:2] if head[:2] == b"\x1f\x8b" else head
+        )
+        if compression:
+            raise DataConfigError(
+                f"TextFileSource: {path!r} is {compression}-compressed, and text sources read "
+                "documents by byte offset; run `xlstm-data prepare` on it and read the output "
+                "with kind='array_record'."
+            )
 
 
 def _jsonl_text(line: str, field: str, where: str | Callable[[], str]) -> str:
