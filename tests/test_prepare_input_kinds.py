@@ -42,9 +42,11 @@ def write_hf_dataset(directory: Path, documents) -> Path:
     for k, chunk in enumerate((documents[:3], documents[3:])):
         name = f"data-0000{k}-of-00002.arrow"
         table = pa.table({"text": chunk, "id": list(range(len(chunk)))})
-        with pa.OSFile(str(directory / name), "wb") as sink:
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table)
+        with (
+            pa.OSFile(str(directory / name), "wb") as sink,
+            pa.ipc.new_stream(sink, table.schema) as writer,
+        ):
+            writer.write_table(table)
         names.append({"filename": name})
     (directory / "state.json").write_text(json.dumps({"_data_files": names}))
     (directory / "dataset_info.json").write_text("{}")
