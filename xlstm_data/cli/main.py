@@ -333,6 +333,32 @@ PREPARE = Command(
 )
 
 
+def _define_index(fv: flags.FlagValues, argv: Sequence[str]) -> None:
+    from xlstm_data.cli.index_command import define_index
+
+    define_index(fv, argv)
+
+
+def _index(fv: flags.FlagValues, positional: list[str]) -> int:
+    from xlstm_data.cli.index_command import run_index
+
+    return run_index(fv, positional)
+
+
+INDEX = Command(
+    name="index",
+    summary="write index.json and lengths.npy for ArrayRecord shards made elsewhere",
+    usage="index PATH_GLOB... [flags]",
+    description=(
+        "Reads every record of the ArrayRecord shards matched by PATH_GLOB (one directory;\n"
+        "int32 tokens, or UTF-8 text with --record_format=text), checks every id against the\n"
+        "vocabulary and writes the index prepare writes beside them, for exact epoch lengths."
+    ),
+    define=_define_index,
+    run=_index,
+)
+
+
 # ----------------------------------------------------------------------------
 # inspect
 # ----------------------------------------------------------------------------
@@ -497,7 +523,12 @@ def _bench_main(argv: Sequence[str]) -> int:
     return bench_main(list(argv))
 
 
-COMMANDS: dict[str, Command] = {"prepare": PREPARE, "inspect": INSPECT, "batch": BATCH}
+COMMANDS: dict[str, Command] = {
+    "prepare": PREPARE,
+    "index": INDEX,
+    "inspect": INSPECT,
+    "batch": BATCH,
+}
 #: Subcommands with their own entry point (same flags as `python -m bench.run`).
 DELEGATED = {"bench": ("run the benchmarks, or measure your config's pipeline", _bench_main)}
 

@@ -44,11 +44,14 @@ class ArrayRecordSource(TokenSource):
     keeps the file of every global index known, so read errors name the file
     and the record index inside it.
 
-    Token shards made by `xlstm-data prepare` carry an `index.json`: its
-    vocabulary bounds every id read (unless `vocab_size` is given), its
-    tokenizer is the default one, and a tokenizer that is not the one the
-    shards were made with is refused, so the run's end-of-document id and the
-    model's vocabulary follow the data rather than a default.
+    Shards made by `xlstm-data prepare`, or indexed by `xlstm-data index`,
+    carry an `index.json`: its vocabulary bounds every id read (unless
+    `vocab_size` is given), its tokenizer (with the special tokens it was told)
+    is the default one, and a tokenizer that is not the one the shards were
+    made with is refused, so the run's end-of-document id and the model's
+    vocabulary follow the data rather than a default. Its `lengths.npy` gives
+    every document's length without reading it, for text records too (their
+    token counts under that tokenizer).
     """
 
     def __init__(
@@ -80,8 +83,9 @@ class ArrayRecordSource(TokenSource):
 
         Raises:
           DataConfigError: On a bad argument, a pattern matching no file, a file
-            that is not ArrayRecord, no records at all, or a tokenizer that is
-            not the one prepared shards were made with.
+            that is not ArrayRecord, no records at all, a tokenizer that is
+            not the one prepared shards were made with, or a `record_format`
+            other than the one their index records.
           DataReadError: If the first record does not decode in `record_format`,
             or a prepare index disagrees with the files.
         """
@@ -116,15 +120,21 @@ class ArrayRecordSource(TokenSource):
                 f"ArrayRecordSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
                 "they hold no records; point it at non-empty ArrayRecord files."
             )
-        self._prepared: PreparedCorpus | None = None
-        if record_format == "tokens":
-            self._prepared = prepared_corpus(self._files, lengths)
-            if self._prepared is not None:
-                self._tokenizer = self._prepared_tokenizer(self._prepared, tokenizer)
-            elif tokenizer is None and explicit_vocab is None and unprepared_tokenizer:
-                self._tokenizer = get_tokenizer(unprepared_tokenizer)
-        elif self._tokenizer is None:
-            self._tokenizer = get_tokenizer(None)
+        self._prepared: PreparedCorpus | None = prepared_corpus(self._files, lengths)
+        if self._prepared is not None and self._prepared.record_format != record_format:
+            raise DataConfigError(
+                f"ArrayRecordSource: record_format={record_format!r}, but the shards' index "
+                f"({self._prepared.index_files[0]}) says they hold "
+                f"{self._prepared.record_format!r} records; pass "
+                f"record_format={self._prepared.record_format!r}."
+            )
+        if self._prepared is not None:
+            self._tokenizer = self._prepared_tokenizer(self._prepared, tokenizer)
+        elif record_format == "text":
+            if tokenizer is None:
+                self._tokenizer = get_tokenizer(None)
+        elif tokenizer is None and explicit_vocab is None and unprepared_tokenizer:
+            self._tokenizer = get_tokenizer(unprepared_tokenizer)
         vocab = explicit_vocab
         if vocab is None and self._prepared is not None:
             vocab = self._prepared.vocab_size
@@ -161,7 +171,11 @@ class ArrayRecordSource(TokenSource):
             index's tokenizer file is not on this machine.
         """
         index_file = prepared.index_files[0]
-        if prepared.vocab_size > prepared.tokenizer_vocab_size:
+        # Text is always encoded by the recorded tokenizer, whatever the vocabulary.
+        if (
+            prepared.vocab_size > prepared.tokenizer_vocab_size
+            and prepared.record_format == "tokens"
+        ):
             if tokenizer is None:
                 return None
             named = self._tokenizer
@@ -174,9 +188,14 @@ class ArrayRecordSource(TokenSource):
                     "that made the ids, or None"
                 )
             return named
+        told = "".join(
+            f", {key} {value!r}"
+            for key, value in (("eod_token", prepared.eod_token), ("pad_token", prepared.pad_token))
+            if value is not None
+        )
         made_with = (
             f"tokenizer={prepared.tokenizer!r} (vocab_size {prepared.tokenizer_vocab_size}, "
-            f"eod_id {prepared.eod_id}, recorded in {index_file})"
+            f"eod_id {prepared.eod_id}{told}, recorded in {index_file})"
         )
         if tokenizer is None:
             if prepared.tokenizer != "byte" and not os.path.isfile(prepared.tokenizer):
@@ -218,11 +237,11 @@ class ArrayRecordSource(TokenSource):
         return self._num_records
 
     def has_lengths(self) -> bool:
-        """Whether every file read is a token shard listed in an `xlstm-data prepare` index."""
+        """Whether every file read is a shard listed in an `xlstm-data prepare`/`index` index."""
         return self._prepared is not None and self._prepared.slices is not None
 
     def lengths(self) -> np.ndarray:
-        """Every document's token count from the `xlstm-data prepare` index.
+        """Every document's token count from the `xlstm-data prepare`/`index` index.
 
         Read from the `lengths.npy` beside the shards, without reading any
         record.
@@ -232,9 +251,9 @@ class ArrayRecordSource(TokenSource):
           (the memory-mapped `lengths.npy` for a whole prepared directory).
 
         Raises:
-          DataConfigError: If the files are not all token shards written by
-            `xlstm-data prepare` (text records, or a directory without
-            `index.json`); the message names the files and the command.
+          DataConfigError: If the files are not all shards listed in an
+            `index.json` (`xlstm-data prepare` or `xlstm-data index`); the
+            message names the files and the commands.
           DataReadError: If `lengths.npy` disagrees with `index.json`.
         """
         if not self.has_lengths():
@@ -255,8 +274,9 @@ class ArrayRecordSource(TokenSource):
         if self._record_format == "text":
             return (
                 f"ArrayRecordSource({files}): the document lengths of record_format='text' "
-                "records are not known without tokenizing every record; write token shards "
-                f"with {command}."
+                "records are not known without tokenizing every record; count them once with "
+                "`xlstm-data index 'DIR/*.array_record' --record_format=text --tokenizer=T`, "
+                f"or write token shards with {command}."
             )
         directories = sorted({os.path.dirname(os.path.abspath(path)) for path in self._files})
         unprepared = [
@@ -265,7 +285,8 @@ class ArrayRecordSource(TokenSource):
         return (
             f"ArrayRecordSource({files}): the document lengths are not known: there is no "
             f"{INDEX_FILE} with lengths.npy in {', '.join(map(repr, unprepared))} (the files "
-            f"were not written by `xlstm-data prepare`); write token shards with {command}."
+            f"were not written by `xlstm-data prepare`); index them with `xlstm-data index "
+            f"'DIR/*.array_record'`, or write token shards with {command}."
         )
 
     def _files_text(self) -> str:

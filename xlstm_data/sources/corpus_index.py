@@ -29,7 +29,7 @@ LENGTHS_FILE = "lengths.npy"
 
 _REWRITE_HINT = (
     "rerun `xlstm-data prepare` with the same inputs and --output to rewrite it (finished "
-    "shards are kept)"
+    "shards are kept), or `xlstm-data index` on the shards if it made the index"
 )
 #: Keys every index holds, with their types.
 _INDEX_KEYS: dict[str, type] = {
@@ -43,6 +43,10 @@ _INDEX_KEYS: dict[str, type] = {
     "shards": list,
 }
 _SHARD_KEYS = ("file", "documents", "tokens", "bytes")
+#: What the records hold: int32 token bytes, or UTF-8 text tokenized on read.
+RECORD_FORMATS = ("tokens", "text")
+#: Keys an index may hold (absent: "tokens" records, the tokenizer's own special tokens).
+_OPTIONAL_KEYS: dict[str, type] = {"record_format": str, "eod_token": str, "pad_token": str}
 
 
 def read_index(directory: str) -> dict[str, Any] | None:
@@ -81,6 +85,17 @@ def read_index(directory: str) -> dict[str, Any] | None:
                 f"{path}: key {key!r} is {index.get(key)!r}, expected a {kind.__name__}; "
                 f"{_REWRITE_HINT}."
             )
+    for key, kind in _OPTIONAL_KEYS.items():
+        if key in index and not isinstance(index[key], kind):
+            raise DataReadError(
+                f"{path}: key {key!r} is {index[key]!r}, expected a {kind.__name__} or no such "
+                f"key; {_REWRITE_HINT}."
+            )
+    if index.get("record_format", "tokens") not in RECORD_FORMATS:
+        raise DataReadError(
+            f"{path}: record_format={index['record_format']!r} is not one of "
+            f"{list(RECORD_FORMATS)}; {_REWRITE_HINT}."
+        )
     for number, shard in enumerate(index["shards"]):
         if not isinstance(shard, dict) or any(k not in shard for k in _SHARD_KEYS):
             raise DataReadError(
@@ -103,6 +118,10 @@ class PreparedCorpus:
       index_files: The `index.json` files consulted.
       slices: Per shard file read, (lengths file, first document, documents,
         tokens); None unless every file read is a listed shard.
+      eod_token: The end-of-document token `prepare` was told, or None.
+      pad_token: The padding token `prepare` was told, or None.
+      record_format: "tokens" (int32 ids), or "text" for UTF-8 shards that
+        `xlstm-data index` counted with the tokenizer.
     """
 
     vocab_size: int
@@ -113,6 +132,7 @@ class PreparedCorpus:
     slices: tuple[tuple[str, int, int, int], ...] | None
     eod_token: str | None = None
     pad_token: str | None = None
+    record_format: str = "tokens"
 
     def load_tokenizer(self) -> Any:
         """The tokenizer the shards were made with, with the special tokens `prepare` was
@@ -242,7 +262,10 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
         return None
     # Compared without the tokenizer's path, which differs between machines.
     described = {
-        d: {k: i[k] for k in ("vocab_size", "tokenizer_vocab_size", "eod_id")}
+        d: {
+            **{k: i[k] for k in ("vocab_size", "tokenizer_vocab_size", "eod_id")},
+            "record_format": i.get("record_format", "tokens"),
+        }
         for d, i in prepared.items()
     }
     (a, first), *others = described.items()
@@ -264,6 +287,7 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
         slices=None if slices is None else tuple(slices),
         eod_token=index.get("eod_token"),
         pad_token=index.get("pad_token"),
+        record_format=index.get("record_format", "tokens"),
     )
 
 

@@ -1,0 +1,318 @@
+"""The lengths index for ArrayRecord shards another pipeline wrote (`xlstm-data index`).
+
+Shards of int32 token ids, or of UTF-8 text, made elsewhere read fine without
+an index, but then nothing knows their documents' lengths without reading
+every record: the epoch length is an estimate and `inspect` and the planner
+must scan the data. Reading every shard once, in parallel, gives the same
+`index.json` + `lengths.npy` that `prepare` writes beside its own shards, so
+such shards are then read exactly like prepared ones. Every token id is
+checked against the vocabulary on the way, as `prepare` does, so a wrong
+tokenizer or vocabulary fails here, naming the shard and record, rather than
+mid-training.
+
+Text shards are counted with the tokenizer they will be read with: the index
+records it (and `record_format: "text"`), and a reader that names another
+tokenizer is refused, because the lengths would be wrong for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from xlstm_data.checks import check_int
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.prepare import paths
+from xlstm_data.prepare.settings import PrepareSettings, load_tokenizer
+from xlstm_data.sources.base import expand_files
+from xlstm_data.sources.corpus_index import (
+    INDEX_FILE,
+    LENGTHS_FILE,
+    PREPARE_FORMAT_VERSION,
+    RECORD_FORMATS,
+)
+from xlstm_data.sources.tokenizers import ByteTokenizer, Tokenizer
+
+#: Records read at once: bounds memory on shards of long documents.
+_BATCH = 512
+
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One shard to count, with everything a worker needs (pickles cheaply)."""
+
+    path: str
+    record_format: str
+    tokenizer: str
+    eod_token: str | None
+    pad_token: str | None
+    vocab_size: int
+
+
+def index_shards(
+    patterns: str | Sequence[str],
+    *,
+    record_format: str = "tokens",
+    tokenizer: str = "byte",
+    vocab_size: int | None = None,
+    eod_token: str | None = None,
+    pad_token: str | None = None,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Writes `index.json` and `lengths.npy` beside existing ArrayRecord shards.
+
+    Args:
+      patterns: Files or globs of the shards (sorted after expansion), all in
+        one directory. That directory's own `index.json` and `lengths.npy` are
+        skipped, so `DIR/*` works on a rerun.
+      record_format: "tokens" (raw little-endian int32 ids, one document per
+        record) or "text" (UTF-8, one document per record).
+      tokenizer: "byte" or a local HuggingFace tokenizer `.json`: encodes text
+        records, and for token records names where the ids come from (the
+        end-of-document id readers use).
+      vocab_size: The vocabulary every id is checked against, recorded in the
+        index; default the tokenizer's. Larger only for ids the tokenizer does
+        not make (another tokenizer's, or a padded model vocabulary).
+      eod_token: The tokenizer's end-of-document token by name (default:
+        detected); recorded, so readers rebuild the tokenizer with it.
+      pad_token: Its padding token by name (default: detected); recorded.
+      workers: Shards read in parallel (processes, each loading the
+        tokenizer once).
+      progress: Called as `progress(done, total, shard_entry)` per shard.
+
+    Returns:
+      The index (also written to `index.json`).
+
+    Raises:
+      DataConfigError: On a bad argument, a pattern matching nothing, shards in
+        several directories, or a file that is not ArrayRecord (all before any
+        record is read).
+      DataReadError: On a record that is not what `record_format` says or holds
+        an id outside the vocabulary (shard and record named).
+    """
+    if record_format not in RECORD_FORMATS:
+        raise DataConfigError(
+            f"--record_format={record_format!r} is invalid; valid formats: {list(RECORD_FORMATS)}"
+        )
+    check_int("--workers", workers, 1)
+    settings = PrepareSettings.create(
+        tokenizer=tokenizer, eod_token=eod_token, pad_token=pad_token, vocab_size=vocab_size
+    )
+    files = _shard_files(patterns)
+    directory = os.path.dirname(os.path.abspath(files[0]))
+    for path in files:
+        _check_array_record(path)
+    jobs = [
+        _Job(
+            path=os.path.abspath(path),
+            record_format=record_format,
+            tokenizer=settings.tokenizer,
+            eod_token=settings.eod_token,
+            pad_token=settings.pad_token,
+            vocab_size=settings.vocab_size,
+        )
+        for path in files
+    ]
+    lengths: list[np.ndarray | None] = [None] * len(jobs)
+    entries: list[dict[str, Any] | None] = [None] * len(jobs)
+    for done, (number, counted) in enumerate(_counted(jobs, workers), 1):
+        lengths[number] = counted
+        entries[number] = entry = {
+            "file": os.path.basename(jobs[number].path),
+            "source": jobs[number].path,
+            "documents": int(counted.size),
+            "tokens": int(counted.sum(dtype=np.int64)),
+            "bytes": os.path.getsize(jobs[number].path),
+        }
+        if progress:
+            progress(done, len(jobs), entry)
+    everything = np.concatenate([np.asarray(c, dtype=np.int32) for c in lengths])
+    index: dict[str, Any] = {
+        "format_version": PREPARE_FORMAT_VERSION,
+        "tokenizer": settings.tokenizer,
+        "tokenizer_vocab_size": settings.tokenizer_vocab_size,
+        "eod_id": settings.eod_id,
+        "vocab_size": settings.vocab_size,
+        "documents": int(everything.size),
+        "tokens": int(everything.sum(dtype=np.int64)),
+    }
+    if record_format != "tokens":  # absent means tokens, as in `prepare`'s indexes
+        index["record_format"] = record_format
+    for key in ("eod_token", "pad_token"):
+        if getattr(settings, key) is not None:
+            index[key] = getattr(settings, key)
+    index["shards"] = entries
+    index_file = os.path.join(directory, INDEX_FILE)
+    # A reader must never pair the old index with the new lengths: drop it first.
+    if os.path.exists(index_file):
+        os.remove(index_file)
+    paths.write_npy_atomically(os.path.join(directory, LENGTHS_FILE), everything)
+    paths.write_json_atomically(index_file, index)
+    logging.info(
+        "index: %d documents, %d tokens in %d shards under %s",
+        index["documents"],
+        index["tokens"],
+        len(jobs),
+        directory,
+    )
+    return index
+
+
+def _shard_files(patterns: str | Sequence[str]) -> list[str]:
+    """The matched shards, all in one directory, without that directory's own index files."""
+    files = expand_files(patterns, "PATH_GLOB")
+    directories = sorted({os.path.dirname(os.path.abspath(path)) for path in files})
+    if len(directories) > 1:
+        raise DataConfigError(
+            f"PATH_GLOB={_shown(patterns)} matches shards in {len(directories)} directories, "
+            f"e.g. {directories[0]!r} and {directories[1]!r}; an index describes the shards of "
+            "one directory: run `xlstm-data index` once per directory"
+        )
+    shards = [path for path in files if os.path.basename(path) not in (INDEX_FILE, LENGTHS_FILE)]
+    if not shards:
+        raise DataConfigError(
+            f"PATH_GLOB={_shown(patterns)} matches only {INDEX_FILE}/{LENGTHS_FILE}; pass the "
+            "shards, e.g. 'DIR/*.array_record'"
+        )
+    return shards
+
+
+def _shown(patterns: str | Sequence[str]) -> str:
+    if isinstance(patterns, (str, os.PathLike)):
+        return repr(os.fspath(patterns))
+    return repr(list(patterns)) if len(patterns) != 1 else repr(patterns[0])
+
+
+def _check_array_record(path: str) -> None:
+    """Refuses a matched file that is not ArrayRecord (only its footer is read)."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    try:
+        reader = ArrayRecordReader(path)
+        ok = reader.ok()
+        reader.close()
+    except Exception as error:  # the reader raises plain RuntimeError/ValueError
+        ok = False
+        logging.info("index: %s does not open as ArrayRecord: %s", path, error)
+    if not ok:
+        raise DataConfigError(
+            f"PATH_GLOB matches {path!r}, which is not an ArrayRecord file; narrow the glob to "
+            "the shards, e.g. 'DIR/*.array_record'"
+        )
+
+
+def _counted(jobs: Sequence[_Job], workers: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(job number, lengths) per shard as it finishes, here or in `workers` processes."""
+    workers = min(workers, len(jobs))
+    if workers == 1:
+        for number, job in enumerate(jobs):
+            yield number, shard_lengths(job)
+        return
+    first = jobs[0]
+    context = multiprocessing.get_context("spawn")  # the caller may hold threads
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers,
+        mp_context=context,
+        initializer=_load_worker_tokenizer,
+        initargs=(first.tokenizer, first.eod_token, first.pad_token),
+    )
+    try:
+        futures = {pool.submit(shard_lengths, job): number for number, job in enumerate(jobs)}
+        for future in concurrent.futures.as_completed(futures):
+            yield futures[future], future.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _load_worker_tokenizer(tokenizer: str, eod_token: str | None, pad_token: str | None) -> None:
+    """Loads the tokenizer once per worker; `load_tokenizer` caches it for every shard."""
+    load_tokenizer(tokenizer, eod_token, pad_token)
+
+
+def shard_lengths(job: _Job) -> np.ndarray:
+    """Every record's length in tokens (int32), each id checked against the vocabulary.
+
+    Raises:
+      DataReadError: Naming the shard and record: a token record whose size is
+        not a multiple of 4, a text record that is not UTF-8, or an id outside
+        [0, vocab_size).
+    """
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    tokenizer = load_tokenizer(job.tokenizer, job.eod_token, job.pad_token)
+    reader = ArrayRecordReader(job.path)
+    try:
+        count = reader.num_records()
+        lengths = np.zeros(count, dtype=np.int32)
+        for first in range(0, count, _BATCH):
+            records = reader.read(first, min(first + _BATCH, count))
+            if job.record_format == "tokens":
+                lengths[first : first + len(records)] = _token_lengths(job, first, records)
+            else:
+                lengths[first : first + len(records)] = _text_lengths(
+                    job, first, records, tokenizer
+                )
+    finally:
+        reader.close()
+    return lengths
+
+
+def _token_lengths(job: _Job, first: int, records: list[bytes]) -> np.ndarray:
+    """Lengths of int32 records, checked in one pass per batch."""
+    sizes = np.fromiter((len(raw) for raw in records), dtype=np.int64, count=len(records))
+    if (sizes & 3).any():
+        number = int(np.flatnonzero(sizes & 3)[0])
+        raise DataReadError(
+            f"record {first + number} of shard {job.path!r} is {int(sizes[number])} bytes, not "
+            "a multiple of 4, so it is not int32 token ids (--record_format=tokens); if the "
+            "shards hold UTF-8 text pass --record_format=text"
+        )
+    ids = np.frombuffer(b"".join(records), dtype="<i4")
+    # Negative ids read as unsigned are >= 2**31 >= vocab_size.
+    if ids.size and int(ids.view(np.uint32).max()) >= job.vocab_size:
+        ends = np.cumsum(sizes >> 2)
+        position = int(np.flatnonzero((ids < 0) | (ids >= job.vocab_size))[0])
+        number = int(np.searchsorted(ends, position, side="right"))
+        raise _bad_id(job, first + number, int(ids[position]))
+    return sizes >> 2
+
+
+def _text_lengths(job: _Job, first: int, records: list[bytes], tokenizer: Tokenizer) -> list[int]:
+    """Token counts of UTF-8 records: the ids `ArrayRecordSource(record_format="text")` reads."""
+    lengths = []
+    for offset, raw in enumerate(records):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataReadError(
+                f"record {first + offset} of shard {job.path!r} is not valid UTF-8 text (byte "
+                f"{error.start}: {error.reason}); if the shards hold int32 token ids pass "
+                "--record_format=tokens"
+            ) from error
+        if isinstance(tokenizer, ByteTokenizer):
+            lengths.append(len(raw))  # one id per UTF-8 byte, all in range
+            continue
+        ids = np.asarray(tokenizer.encode(text))
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= job.vocab_size):
+            bad = int(ids[(ids < 0) | (ids >= job.vocab_size)][0])
+            raise _bad_id(job, first + offset, bad)
+        lengths.append(int(ids.size))
+    return lengths
+
+
+def _bad_id(job: _Job, number: int, bad: int) -> DataReadError:
+    return DataReadError(
+        f"record {number} of shard {job.path!r} holds token id {bad}, outside the vocabulary "
+        f"[0, {job.vocab_size}) of --tokenizer={job.tokenizer!r}; pass the tokenizer the ids "
+        "come from (--tokenizer) or their vocabulary size (--vocab_size)"
+    )
