@@ -72,11 +72,11 @@ def config(tmp_path) -> Path:
 def test_top_level_help_and_unknown_command(tmp_path):
     result = xlstm_data("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for name in ("prepare", "inspect", "bench"):
+    for name in ("prepare", "index", "inspect", "bench"):
         assert f"  {name} " in result.stdout
     result = xlstm_data("prepair", cwd=tmp_path)
     assert result.returncode == 2
-    valid = "['prepare', 'inspect', 'batch', 'bench']"
+    valid = "['prepare', 'index', 'inspect', 'batch', 'bench']"
     assert f"unknown command 'prepair'; valid: {valid}" in result.stderr
 
 
