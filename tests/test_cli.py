@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def test_prepare_help_shows_every_flag_with_its_default(tmp_path):
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())  # undo the wrapping
     assert "usage: xlstm-data prepare INPUT... --output=DIR" in text
-    assert "--output: output directory (required)" in text
+    assert "--output: output directory or URI (required)" in text
     expected = {
         "format": "'auto'",
         "field": "'text'",
@@ -106,7 +107,7 @@ def test_prepare_runs_with_either_flag_syntax(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "prepared 3 documents" in result.stdout
-    assert "2/2 shards" in result.stderr
+    assert re.search(r"shards +\[#+\] 2/2", result.stderr)
     assert json.loads((tmp_path / "out" / "index.json").read_text())["documents"] == 3
 
 
