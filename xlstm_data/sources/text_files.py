@@ -336,18 +336,19 @@ class TextFileSource(TokenSource):
 
 
 def _refuse_compressed(files: list[str]) -> None:
-    """Compressed files cannot be read by position: name them and the way to read them."""
+    """Compressed files cannot be read by byte offset: name them and the way to read them."""
+    # Imported here: sources do not load the prepare package unless they need it.
+    from xlstm_data.prepare.inputs import _compression_of
+
     for path in files:
         with open(path, "rb") as f:
-            head = f.read(4)
-        compression = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}.get(
-            head[:2] if head[:2] == b"\x1f\x8b" else head
-        )
+            compression = _compression_of(f.read(4))
         if compression:
             raise DataConfigError(
-                f"TextFileSource: {path!r} is {compression}-compressed, and text sources read "
-                "documents by byte offset; run `xlstm-data prepare` on it and read the output "
-                "with kind='array_record'."
+                f"TextFileSource: file {path!r} is {compression}-compressed, and text sources "
+                "(kind='text'/'jsonl') read documents by byte offset in uncompressed files; run "
+                f"`xlstm-data prepare {path} --output=DIR` on it and read the output with "
+                "kind='array_record', path='DIR/*.array_record'."
             )
 
 
