@@ -18,6 +18,7 @@ from xlstm_data.errors import DataConfigError
 def define_index(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     """The flags of `index`, defined on `fv`."""
     del argv
+    from xlstm_data.cli.main import define_tokenizer_flags
     from xlstm_data.sources.corpus_index import RECORD_FORMATS
 
     flags.DEFINE_string(
@@ -27,27 +28,14 @@ def define_index(fv: flags.FlagValues, argv: Sequence[str]) -> None:
         "or UTF-8 text counted with --tokenizer)",
         flag_values=fv,
     )
-    flags.DEFINE_string(
-        "tokenizer",
-        "byte",
-        "byte, or a local HuggingFace tokenizer .json: encodes text records; for token records "
-        "the tokenizer the ids come from",
-        flag_values=fv,
+    define_tokenizer_flags(
+        fv,
+        tokenizer_help=(
+            "byte, or a local HuggingFace tokenizer .json: encodes text records; for token "
+            "records the tokenizer the ids come from"
+        ),
+        vocab_help="for ids the tokenizer does not make",
     )
-    flags.DEFINE_integer(
-        "vocab_size",
-        None,
-        "vocabulary every id is checked against and recorded in index.json (default: the "
-        "tokenizer's); for ids the tokenizer does not make",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "eod_token",
-        None,
-        "the tokenizer's end-of-document token, when it is not one of the usual spellings",
-        flag_values=fv,
-    )
-    flags.DEFINE_string("pad_token", None, "the tokenizer's padding token", flag_values=fv)
     flags.DEFINE_integer("workers", 1, "processes reading shards in parallel", flag_values=fv)
 
 

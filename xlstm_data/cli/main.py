@@ -164,6 +164,26 @@ def _check_config_file(argv: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------
 
 
+def define_tokenizer_flags(fv: flags.FlagValues, *, tokenizer_help: str, vocab_help: str) -> None:
+    """--tokenizer, --vocab_size, --eod_token and --pad_token, as `prepare` and `index` take
+    them (both write an index recording them)."""
+    flags.DEFINE_string("tokenizer", "byte", tokenizer_help, flag_values=fv)
+    flags.DEFINE_integer(
+        "vocab_size",
+        None,
+        "vocabulary every id is checked against and recorded in index.json (default: the "
+        f"tokenizer's); {vocab_help}",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "eod_token",
+        None,
+        "the tokenizer's end-of-document token, when it is not one of the usual spellings",
+        flag_values=fv,
+    )
+    flags.DEFINE_string("pad_token", None, "the tokenizer's padding token", flag_values=fv)
+
+
 def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     del argv
     from xlstm_data.prepare.inputs import INPUT_FORMATS
@@ -185,25 +205,13 @@ def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     flags.DEFINE_string(
         "unit", "line", f"a text document is one {' or one '.join(TEXT_UNITS)}", flag_values=fv
     )
-    flags.DEFINE_string(
-        "tokenizer", "byte", "byte, or a local HuggingFace tokenizer .json", flag_values=fv
+    define_tokenizer_flags(
+        fv,
+        tokenizer_help="byte, or a local HuggingFace tokenizer .json",
+        vocab_help="for token arrays whose ids are not the tokenizer's",
     )
-    flags.DEFINE_string(
-        "eod_token",
-        None,
-        "the tokenizer's end-of-document token, when it is not one of the usual spellings",
-        flag_values=fv,
-    )
-    flags.DEFINE_string("pad_token", None, "the tokenizer's padding token", flag_values=fv)
     flags.DEFINE_integer(
         "workers", 1, "processes tokenizing parts and writing shards (local runner)", flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "vocab_size",
-        None,
-        "vocabulary every id is checked against and recorded in index.json (default: the "
-        "tokenizer's); for token arrays whose ids are not the tokenizer's",
-        flag_values=fv,
     )
     flags.DEFINE_integer(
         "num_shards",

@@ -82,8 +82,6 @@ def run_beam(preparation: Preparation, options: Sequence[str]) -> dict[str, Any]
 
     def finish(written: list[dict[str, Any]], writes: list[ShardWrite]) -> None:
         preparation.finish([write.task for write in writes], written)
-        for job in preparation.jobs:
-            paths.remove(job.path(".tokens"))
 
     with beam.Pipeline(options=parsed) as pipeline:
         summaries = (

@@ -49,7 +49,7 @@ from xlstm_data.prepare.shards import (
     write_shard,
 )
 from xlstm_data.prepare.tokenize import PARTS_DIR, PartJob, part_jobs, part_lengths, tokenize_part
-from xlstm_data.sources.corpus_index import INDEX_FILE, LENGTHS_FILE, PREPARE_FORMAT_VERSION
+from xlstm_data.sources.corpus_index import INDEX_FILE, LENGTHS_FILE
 
 #: Per-step bookkeeping lives apart, so `OUT/*` globs match shards only.
 WORK_DIR = ".prepare"
@@ -159,6 +159,8 @@ class Preparation:
                 continue
             shards = [written[(split, task.file)] for task in split_tasks]
             indexes[split] = self._write_index(split, split_tasks, shards, skipped)
+        for job in self.jobs:  # the bulk; lengths and markers stay for reruns
+            paths.remove(job.path(".tokens"))
         current = {
             job.name + suffix for job in self.jobs for suffix in (".lengths.npy", ".done.json")
         }
@@ -204,22 +206,11 @@ class Preparation:
         lengths = np.concatenate([shard_lengths(task, self.work_dir) for task in tasks])
         paths.write_npy_atomically(paths.join(directory, LENGTHS_FILE), lengths.astype(np.int32))
         settings = self.settings
-        index: dict[str, Any] = {
-            "format_version": PREPARE_FORMAT_VERSION,
-            "tokenizer": settings.tokenizer,
-            "tokenizer_vocab_size": settings.tokenizer_vocab_size,
-            "eod_id": settings.eod_id,
-            "vocab_size": settings.vocab_size,
-            "documents": int(lengths.size),
-            "tokens": int(lengths.sum(dtype=np.int64)),
-            "split": split,
-            "shards": [
-                _shard_entry(task, shard) for task, shard in zip(tasks, shards, strict=True)
-            ],
-        }
-        for key in ("eod_token", "pad_token"):
-            if getattr(settings, key) is not None:
-                index[key] = getattr(settings, key)
+        index = settings.index_header(lengths)
+        index["split"] = split
+        index["shards"] = [
+            _shard_entry(task, shard) for task, shard in zip(tasks, shards, strict=True)
+        ]
         held = tasks[0].held_out
         if held.count:
             index["held_out"] = {
@@ -295,10 +286,7 @@ def run_steps(
     summaries = list(map_(tokenize_step, preparation.jobs, "tokenize"))
     tasks = preparation.plan(summaries)
     written = list(map_(write_step, preparation.shard_writes(tasks), "write"))
-    index = preparation.finish(tasks, written)
-    for job in preparation.jobs:  # the bulk; lengths and markers stay for reruns
-        paths.remove(job.path(".tokens"))
-    return index
+    return preparation.finish(tasks, written)
 
 
 def prepare_corpus(
@@ -344,9 +332,9 @@ def prepare_corpus(
         from xlstm_data.prepare.beam import check_beam_installed, run_beam
 
         check_beam_installed()
-        preparation = Preparation.create(inputs, output_dir, **settings)
-        return run_beam(preparation, beam_options)
     preparation = Preparation.create(inputs, output_dir, **settings)
+    if runner == "beam":
+        return run_beam(preparation, beam_options)
     paths.makedirs(preparation.work_dir)
     with _pool(workers) as pool:
 

@@ -35,7 +35,6 @@ from xlstm_data.sources.base import expand_files
 from xlstm_data.sources.corpus_index import (
     INDEX_FILE,
     LENGTHS_FILE,
-    PREPARE_FORMAT_VERSION,
     RECORD_FORMATS,
 )
 from xlstm_data.sources.tokenizers import ByteTokenizer, Tokenizer
@@ -137,20 +136,9 @@ def index_shards(
         if progress:
             progress(done, len(jobs), entry)
     everything = np.concatenate([np.asarray(c, dtype=np.int32) for c in lengths])
-    index: dict[str, Any] = {
-        "format_version": PREPARE_FORMAT_VERSION,
-        "tokenizer": settings.tokenizer,
-        "tokenizer_vocab_size": settings.tokenizer_vocab_size,
-        "eod_id": settings.eod_id,
-        "vocab_size": settings.vocab_size,
-        "documents": int(everything.size),
-        "tokens": int(everything.sum(dtype=np.int64)),
-    }
+    index = settings.index_header(everything)
     if record_format != "tokens":  # absent means tokens, as in `prepare`'s indexes
         index["record_format"] = record_format
-    for key in ("eod_token", "pad_token"):
-        if getattr(settings, key) is not None:
-            index[key] = getattr(settings, key)
     index["shards"] = entries
     index_file = os.path.join(directory, INDEX_FILE)
     # A reader must never pair the old index with the new lengths: drop it first.

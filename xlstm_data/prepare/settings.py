@@ -15,10 +15,13 @@ import math
 import os
 from typing import Any
 
+import numpy as np
+
 from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 from xlstm_data.prepare.inputs import INPUT_FORMATS
 from xlstm_data.sources.base import TEXT_UNITS
+from xlstm_data.sources.corpus_index import PREPARE_FORMAT_VERSION
 from xlstm_data.sources.tokenizers import HFTokenizer, Tokenizer, get_tokenizer
 
 RUNNERS = ("local", "beam")
@@ -192,6 +195,26 @@ class PrepareSettings:
             "vocab_size": self.vocab_size,
             "skip_bad_lines": self.skip_bad_lines,
         }
+
+    def index_header(self, lengths: np.ndarray) -> dict[str, Any]:
+        """The keys every `index.json` starts with, for shards of documents of `lengths`.
+
+        `prepare` and `index` both write them, so a reader cannot tell which
+        made the shards; the special tokens appear only when they were named.
+        """
+        header: dict[str, Any] = {
+            "format_version": PREPARE_FORMAT_VERSION,
+            "tokenizer": self.tokenizer,
+            "tokenizer_vocab_size": self.tokenizer_vocab_size,
+            "eod_id": self.eod_id,
+            "vocab_size": self.vocab_size,
+            "documents": int(lengths.size),
+            "tokens": int(lengths.sum(dtype=np.int64)),
+        }
+        for key in ("eod_token", "pad_token"):
+            if getattr(self, key) is not None:
+                header[key] = getattr(self, key)
+        return header
 
     def shard_count(self, tokens: int) -> int | None:
         """Output shards for `tokens` of training data; None: one per input file."""
