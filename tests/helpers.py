@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from xlstm_data.batch import LLM_BATCH_FIELDS
@@ -28,3 +30,19 @@ def assert_batches_equal(a, b) -> None:
     assert a.keys() == b.keys()
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def prepared_corpus(tmp_path: Path) -> Path:
+    """A small Parquet corpus with a held-out split, prepared through the CLI."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from xlstm_data.cli.main import main as cli_main
+
+    texts = [f"document {i}: " + "lorem ipsum " * (i % 40) for i in range(400)]
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "raw" / "part-0.parquet")
+    out = tmp_path / "prepared"
+    argv = ["prepare", str(tmp_path / "raw" / "*.parquet"), f"--output={out}"]
+    assert cli_main([*argv, "--num_shards=2", "--validation_fraction=0.05"]) == 0
+    return out

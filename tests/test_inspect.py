@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import prepared_corpus
 from xlstm_data.cli.inspect_config import inspect_config, load_config
 from xlstm_data.cli.main import main as cli_main
 
@@ -15,6 +16,8 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_inspect_runs_on_every_config_and_writes_its_png(config, tmp_path, capsys):
     png = tmp_path / "plan.png"
+    if config.name == "prepared.py":  # takes the directory `prepare` wrote
+        config = f"{config}:{prepared_corpus(tmp_path)}"
     # 4 CPU devices, as conftest.py gives every in-process test.
     argv = ["inspect", f"--config={config}", f"--png={png}", "--steps=12", "--cpu_devices=4"]
     code = cli_main(argv)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import prepared_corpus
 from tests.multiprocess import REPO, run_train
 
 CONFIGS = sorted((REPO / "configs").glob("*.py"))
@@ -26,22 +27,6 @@ def train(workdir: Path, config: Path, *flags: str, expect: int = 0) -> str:
 
 def batch_log(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "batches.jsonl").read_text().splitlines()]
-
-
-def prepared_corpus(tmp_path: Path) -> Path:
-    """A small Parquet corpus with a held-out split, prepared through the CLI."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from xlstm_data.cli.main import main as cli_main
-
-    texts = [f"document {i}: " + "lorem ipsum " * (i % 40) for i in range(400)]
-    (tmp_path / "raw").mkdir()
-    pq.write_table(pa.table({"text": texts}), tmp_path / "raw" / "part-0.parquet")
-    out = tmp_path / "prepared"
-    argv = ["prepare", str(tmp_path / "raw" / "*.parquet"), f"--output={out}"]
-    assert cli_main([*argv, "--num_shards=2", "--validation_fraction=0.05"]) == 0
-    return out
 
 
 def test_configs_are_found():
