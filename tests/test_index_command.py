@@ -245,3 +245,46 @@ def test_bad_input_is_named(tmp_path: Path, capsys, make, argv, expected) -> Non
 def test_no_path_glob_is_a_usage_error(capsys) -> None:
     assert cli_main(["index"]) == 2
     assert "no PATH_GLOB given" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- shards on a remote filesystem
+
+
+def test_shards_on_a_remote_filesystem_get_the_same_index(
+    tmp_path: Path, memory_gs, capsys
+) -> None:
+    local = tmp_path / "shards"
+    for k, array in enumerate(_token_documents()):
+        write_array_record(local / f"{k}.array_record", list(array))
+    for path in sorted(local.iterdir()):
+        memory_gs.pipe(f"gs://bucket/corpus/{path.name}", path.read_bytes())
+    memory_gs.pipe("gs://bucket/corpus/sub/x.array_record", b"a directory's file: not matched")
+    expected = index_shards([str(local / "*.array_record")])
+
+    pattern = "gs://bucket/corpus/*.array_record"
+    assert cli_main(["index", pattern]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 11 documents, 76 tokens in 3 shards: gs://bucket/corpus/index.json" in out
+    assert f"path={pattern!r}" in out
+    written = json.loads(memory_gs.cat("gs://bucket/corpus/index.json"))
+    for theirs, ours in zip(expected["shards"], written["shards"]):
+        assert ours.pop("source") == f"gs://bucket/corpus/{ours['file']}"
+        del theirs["source"]
+    assert written == expected
+    assert memory_gs.cat("gs://bucket/corpus/lengths.npy") == (local / "lengths.npy").read_bytes()
+    assert [p for p in memory_gs.ls("gs://bucket/corpus", detail=False) if "partial" in p] == []
+
+    # A rerun on DIR/* skips its own index files; a file that is not ArrayRecord is named.
+    assert cli_main(["index", "gs://bucket/corpus/*"]) == 0
+    capsys.readouterr()
+    memory_gs.pipe("gs://bucket/corpus/notes.txt", b"hi")
+    assert cli_main(["index", "gs://bucket/corpus/*"]) == 2
+    error = capsys.readouterr().err
+    assert "'gs://bucket/corpus/notes.txt', which is not an ArrayRecord file" in error
+    for bad, expected_error in (
+        ("gs://bucket/nothing/*.array_record", "matches no file"),
+        ("gs://bucket/corpus/none.array_record", "matches no file"),
+        ("gs://buck*/corpus/*", "a wildcard in the bucket name"),
+    ):
+        assert cli_main(["index", bad]) == 2
+        assert expected_error in capsys.readouterr().err, bad

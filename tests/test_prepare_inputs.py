@@ -603,37 +603,6 @@ def test_a_compressed_file_in_a_text_source_points_to_prepare(tmp_path, compress
 # ---------------------------------------------------------------- remote inputs
 
 
-@pytest.fixture(params=["memory", "gcsfs-like"])
-def memory_gs(request):
-    """gs:// served from memory (no network); "gcsfs-like" globs answer without the scheme."""
-    import fsspec
-    from etils.epath import backend
-    from fsspec.implementations.memory import MemoryFileSystem
-    from fsspec.registry import _registry
-
-    class BucketFileSystem(MemoryFileSystem):
-        def glob(self, path, **kwargs):
-            return [p.split("://", 1)[-1].lstrip("/") for p in super().glob(path, **kwargs)]
-
-    implementation = MemoryFileSystem if request.param == "memory" else BucketFileSystem
-    saved = {protocol: _registry.get(protocol) for protocol in ("gs", "gcs")}
-    # epath asks fsspec for "gcs" when it opens gs://: "gs" alone is not enough.
-    for protocol in saved:
-        fsspec.register_implementation(protocol, implementation, clobber=True)
-    backend.fsspec_backend._get_filesystem.cache_clear()
-    filesystem = fsspec.filesystem("gs")
-    try:
-        yield filesystem
-    finally:
-        filesystem.rm("gs://bucket", recursive=True)
-        for protocol, previous in saved.items():
-            if previous is None:
-                _registry.pop(protocol, None)
-            else:
-                _registry[protocol] = previous
-        backend.fsspec_backend._get_filesystem.cache_clear()
-
-
 def test_inputs_on_a_remote_filesystem(memory_gs, kinds):
     from etils import epath
 

@@ -274,29 +274,6 @@ def test_beam_errors_name_the_runner_and_the_extra(tmp_path, raw, monkeypatch, c
     assert "--beam_options='x' needs --runner=beam" in capsys.readouterr().err
 
 
-@pytest.fixture
-def memory_gs(monkeypatch):
-    """gs:// served by fsspec's in-memory filesystem (no network)."""
-    import fsspec
-    from fsspec.implementations.memory import MemoryFileSystem
-    from fsspec.registry import _registry  # no public way to unregister
-
-    class BucketFileSystem(MemoryFileSystem):
-        """Globs answer "bucket/key" without the scheme, as gcsfs does."""
-
-        def glob(self, path, **kwargs):
-            return [p.split("://", 1)[-1].lstrip("/") for p in super().glob(path, **kwargs)]
-
-    for protocol in ("gs", "gcs"):  # epath asks fsspec for "gcs"
-        fsspec.register_implementation(protocol, BucketFileSystem, clobber=True)
-    filesystem = fsspec.filesystem("gs")
-    yield filesystem
-    filesystem.store.clear()
-    filesystem.pseudo_dirs.clear()
-    for protocol in ("gs", "gcs"):
-        _registry.pop(protocol, None)
-
-
 def test_inputs_and_output_on_a_remote_filesystem(tmp_path, raw, memory_gs):
     directory, _ = raw
     for path in sorted(directory.iterdir()):

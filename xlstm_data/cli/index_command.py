@@ -42,6 +42,7 @@ def define_index(fv: flags.FlagValues, argv: Sequence[str]) -> None:
 def run_index(fv: flags.FlagValues, positional: list[str]) -> int:
     """Indexes the shards matched by the positional globs; prints the config to use."""
     from xlstm_data.cli.main import UsageError, progress_bar
+    from xlstm_data.prepare import paths
     from xlstm_data.prepare.index_shards import index_shards
     from xlstm_data.sources.corpus_index import INDEX_FILE
 
@@ -64,11 +65,11 @@ def run_index(fv: flags.FlagValues, positional: list[str]) -> int:
         workers=fv.workers,
         progress=progress,
     )
-    directory = os.path.dirname(index["shards"][0]["source"])
+    directory = paths.parent(index["shards"][0]["source"])
     path = _config_path(positional, directory, [shard["source"] for shard in index["shards"]])
     print(
         f"indexed {index['documents']:,} documents, {index['tokens']:,} tokens in "
-        f"{len(index['shards'])} shards: {os.path.join(directory, INDEX_FILE)} "
+        f"{len(index['shards'])} shards: {paths.join(directory, INDEX_FILE)} "
         f"(use kind='array_record', path={path!r}, record_format={fv.record_format!r})"
     )
     return 0
@@ -78,8 +79,11 @@ def _config_path(patterns: list[str], directory: str, shards: list[str]) -> str 
     """A `path` that matches exactly the indexed shards (a source reading any other file of
     the directory, such as index.json, is refused): the given glob, else DIR/*.array_record,
     else the shards themselves."""
+    from xlstm_data.prepare import paths
     from xlstm_data.sources.base import expand_files
 
+    if paths.is_uri(directory):  # read through a mount, at a path only the user knows
+        return patterns[0] if len(patterns) == 1 else patterns
     candidates: list[str | list[str]] = [os.path.join(directory, "*.array_record")]
     candidates.insert(0, patterns[0] if len(patterns) == 1 else patterns)
     wanted = sorted(shards)

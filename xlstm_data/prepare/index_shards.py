@@ -108,12 +108,13 @@ def index_shards(
         tokenizer=tokenizer, eod_token=eod_token, pad_token=pad_token, vocab_size=vocab_size
     )
     files = _shard_files(patterns)
-    directory = os.path.dirname(os.path.abspath(files[0]))
+    directory = paths.parent(files[0])
     for path in files:
-        _check_array_record(path)
+        if not paths.is_uri(path):  # a remote shard is checked where it is copied down
+            _check_array_record(path, path)
     jobs = [
         _Job(
-            path=os.path.abspath(path),
+            path=paths.absolute(path),
             record_format=record_format,
             tokenizer=settings.tokenizer,
             eod_token=settings.eod_token,
@@ -127,11 +128,11 @@ def index_shards(
     for done, (number, counted) in enumerate(_counted(jobs, workers), 1):
         lengths[number] = counted
         entries[number] = entry = {
-            "file": os.path.basename(jobs[number].path),
+            "file": paths.basename(jobs[number].path),
             "source": jobs[number].path,
             "documents": int(counted.size),
             "tokens": int(counted.sum(dtype=np.int64)),
-            "bytes": os.path.getsize(jobs[number].path),
+            "bytes": paths.size(jobs[number].path),
         }
         if progress:
             progress(done, len(jobs), entry)
@@ -140,11 +141,10 @@ def index_shards(
     if record_format != "tokens":  # absent means tokens, as in `prepare`'s indexes
         index["record_format"] = record_format
     index["shards"] = entries
-    index_file = os.path.join(directory, INDEX_FILE)
+    index_file = paths.join(directory, INDEX_FILE)
     # A reader must never pair the old index with the new lengths: drop it first.
-    if os.path.exists(index_file):
-        os.remove(index_file)
-    paths.write_npy_atomically(os.path.join(directory, LENGTHS_FILE), everything)
+    paths.remove(index_file)
+    paths.write_npy_atomically(paths.join(directory, LENGTHS_FILE), everything)
     paths.write_json_atomically(index_file, index)
     logging.info(
         "index: %d documents, %d tokens in %d shards under %s",
@@ -158,15 +158,21 @@ def index_shards(
 
 def _shard_files(patterns: str | Sequence[str]) -> list[str]:
     """The matched shards, all in one directory, without that directory's own index files."""
-    files = expand_files(patterns, "PATH_GLOB")
-    directories = sorted({os.path.dirname(os.path.abspath(path)) for path in files})
+    listed = [patterns] if isinstance(patterns, (str, os.PathLike)) else patterns
+    remote = []
+    if isinstance(listed, Sequence) and not isinstance(listed, (bytes, bytearray)):
+        remote = [p for p in listed if isinstance(p, str) and paths.is_uri(p)]
+    local = [p for p in listed if p not in remote] if remote else patterns
+    files = expand_files(local, "PATH_GLOB") if local else []
+    files += [path for pattern in remote for path in _remote_files(pattern)]
+    directories = sorted({paths.parent(path) for path in files})
     if len(directories) > 1:
         raise DataConfigError(
             f"PATH_GLOB={_shown(patterns)} matches shards in {len(directories)} directories, "
             f"e.g. {directories[0]!r} and {directories[1]!r}; an index describes the shards of "
             "one directory: run `xlstm-data index` once per directory"
         )
-    shards = [path for path in files if os.path.basename(path) not in (INDEX_FILE, LENGTHS_FILE)]
+    shards = [path for path in files if paths.basename(path) not in (INDEX_FILE, LENGTHS_FILE)]
     if not shards:
         raise DataConfigError(
             f"PATH_GLOB={_shown(patterns)} matches only {INDEX_FILE}/{LENGTHS_FILE}; pass the "
@@ -175,18 +181,35 @@ def _shard_files(patterns: str | Sequence[str]) -> list[str]:
     return shards
 
 
+def _remote_files(pattern: str) -> list[str]:
+    """A URI or URI glob's files (directories dropped), e.g. gs://bucket/corpus/*.array_record."""
+    from etils import epath
+
+    if not paths.has_wildcard(pattern.split("://", 1)[1]):
+        matches = [pattern] if epath.Path(pattern).is_file() else []
+    else:
+        matches = [m for m in paths.glob_uri(pattern, "PATH_GLOB") if epath.Path(m).is_file()]
+    if not matches:
+        raise DataConfigError(
+            f"PATH_GLOB={pattern!r} matches no file; pass existing shards, e.g. "
+            "'gs://bucket/corpus/*.array_record'"
+        )
+    return matches
+
+
 def _shown(patterns: str | Sequence[str]) -> str:
     if isinstance(patterns, (str, os.PathLike)):
         return repr(os.fspath(patterns))
     return repr(list(patterns)) if len(patterns) != 1 else repr(patterns[0])
 
 
-def _check_array_record(path: str) -> None:
-    """Refuses a matched file that is not ArrayRecord (only its footer is read)."""
+def _check_array_record(path: str, local: str) -> None:
+    """Refuses a matched file that is not ArrayRecord (only the footer of `local`, the
+    file or its local copy, is read)."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     try:
-        reader = ArrayRecordReader(path)
+        reader = ArrayRecordReader(local)
         ok = reader.ok()
         reader.close()
     except Exception as error:  # the reader raises plain RuntimeError/ValueError
@@ -235,10 +258,17 @@ def shard_lengths(job: _Job) -> np.ndarray:
         not a multiple of 4, a text record that is not UTF-8, or an id outside
         [0, vocab_size).
     """
+    tokenizer = load_tokenizer(job.tokenizer, job.eod_token, job.pad_token)
+    with paths.local_copy_for_reading(job.path) as local:
+        if local != job.path:
+            _check_array_record(job.path, local)
+        return _read_lengths(job, local, tokenizer)
+
+
+def _read_lengths(job: _Job, local: str, tokenizer: Tokenizer) -> np.ndarray:
     from array_record.python.array_record_module import ArrayRecordReader
 
-    tokenizer = load_tokenizer(job.tokenizer, job.eod_token, job.pad_token)
-    reader = ArrayRecordReader(job.path)
+    reader = ArrayRecordReader(local)
     try:
         count = reader.num_records()
         lengths = np.zeros(count, dtype=np.int32)

@@ -259,15 +259,10 @@ def _expand(pattern: str) -> list[tuple[str, str | None]]:
     return [(path, None) for path in expand_files(text, "INPUT")]
 
 
-def _has_wildcard(text: str) -> bool:
-    return any(char in text for char in "*?[")
-
-
 def _expand_uri(pattern: str) -> list[tuple[str, str | None]]:
     from etils import epath
 
-    scheme, rest = pattern.split("://", 1)
-    if not _has_wildcard(rest):
+    if not paths.has_wildcard(pattern.split("://", 1)[1]):
         path = epath.Path(pattern)
         if path.is_dir():
             return [(file, "arrow") for file in _dataset_files(pattern, pattern)]
@@ -277,32 +272,13 @@ def _expand_uri(pattern: str) -> list[tuple[str, str | None]]:
                 "directory."
             )
         return [(pattern, None)]
-    words = rest.split("/")
-    fixed = next(i for i, word in enumerate(words) if _has_wildcard(word))
-    if fixed == 0:
-        raise DataConfigError(
-            f"INPUT={pattern!r}: a wildcard in the bucket name is not supported; name the bucket."
-        )
-    base = f"{scheme}://" + "/".join(words[:fixed])
-    matches = sorted({_uri(str(p), scheme) for p in epath.Path(base).glob("/".join(words[fixed:]))})
+    matches = paths.glob_uri(pattern, "INPUT")
     if not matches:
         raise DataConfigError(
             f"INPUT={pattern!r} matches no file; pass an existing file, glob or dataset directory."
         )
     # A matched directory is dropped when it is looked at (as local globs drop them).
     return [(match, None) for match in matches]
-
-
-def _uri(found: str, scheme: str) -> str:
-    """A glob result as `scheme://bucket/key`, whichever way the filesystem spelled it.
-
-    gcsfs answers "bucket/key" (epath prefixes the scheme), other fsspec
-    filesystems answer with their scheme, which epath then prefixes again.
-    """
-    rest = found.split("://", 1)[1] if "://" in found else found
-    while rest.startswith(f"{scheme}:"):
-        rest = rest[len(scheme) + 1 :]
-    return f"{scheme}://{rest.lstrip('/')}"
 
 
 def _dataset_files(directory: str, pattern: str) -> list[str]:

@@ -24,6 +24,8 @@ from typing import IO, Any
 import numpy as np
 from etils import epath
 
+from xlstm_data.errors import DataConfigError
+
 
 def is_uri(path: str) -> bool:
     """Whether `path` names a remote filesystem (`scheme://...`)."""
@@ -33,6 +35,50 @@ def is_uri(path: str) -> bool:
 def absolute(path: str) -> str:
     """`path` made absolute when it is local; URIs are absolute already."""
     return path if is_uri(path) else os.path.abspath(path)
+
+
+def parent(path: str) -> str:
+    """The directory holding `path` (a URI keeps its scheme)."""
+    if is_uri(path):
+        return path.rstrip("/").rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(path))
+
+
+def basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] if is_uri(path) else os.path.basename(path)
+
+
+def has_wildcard(text: str) -> bool:
+    return any(char in text for char in "*?[")
+
+
+def glob_uri(pattern: str, arg: str) -> list[str]:
+    """The files and directories a URI glob matches, sorted, each as `scheme://bucket/key`.
+
+    Raises:
+      DataConfigError: For a wildcard in the bucket name (`arg` names the flag).
+    """
+    scheme, rest = pattern.split("://", 1)
+    words = rest.split("/")
+    fixed = next(i for i, word in enumerate(words) if has_wildcard(word))
+    if fixed == 0:
+        raise DataConfigError(
+            f"{arg}={pattern!r}: a wildcard in the bucket name is not supported; name the bucket."
+        )
+    base = f"{scheme}://" + "/".join(words[:fixed])
+    return sorted({_as_uri(str(p), scheme) for p in epath.Path(base).glob("/".join(words[fixed:]))})
+
+
+def _as_uri(found: str, scheme: str) -> str:
+    """A glob result as `scheme://bucket/key`, whichever way the filesystem spelled it.
+
+    gcsfs answers "bucket/key" (epath prefixes the scheme), other fsspec
+    filesystems answer with their scheme, which epath then prefixes again.
+    """
+    rest = found.split("://", 1)[1] if "://" in found else found
+    while rest.startswith(f"{scheme}:"):
+        rest = rest[len(scheme) + 1 :]
+    return f"{scheme}://{rest.lstrip('/')}"
 
 
 def join(directory: str, *names: str) -> str:
@@ -128,13 +174,30 @@ def write_json_atomically(path: str, value: Any) -> None:
 
 
 @contextlib.contextmanager
+def local_copy_for_reading(path: str) -> Iterator[str]:
+    """A local file holding `path`'s bytes, for readers that open only local files
+    (ArrayRecord's); a URI is copied down to a temporary file, deleted afterwards."""
+    if not is_uri(path):
+        yield path
+        return
+    directory = tempfile.mkdtemp(prefix="xlstm-data-")
+    local = os.path.join(directory, basename(path))
+    try:
+        with open_file(path, "rb") as source, open(local, "wb") as destination:
+            shutil.copyfileobj(source, destination, 16 << 20)
+        yield local
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def local_copy_for_writing(path: str) -> Iterator[str]:
     """A local file to write `path` through; a URI gets its content copied up on success."""
     if not is_uri(path):
         yield path
         return
     directory = tempfile.mkdtemp(prefix="xlstm-data-")
-    local = os.path.join(directory, os.path.basename(path.rstrip("/")))
+    local = os.path.join(directory, basename(path))
     try:
         yield local
         with open(local, "rb") as source, open_file(path, "wb") as destination:
