@@ -28,7 +28,8 @@ from xlstm_data.prepare.inputs import (
     find_inputs,
     read_documents,
 )
-from xlstm_data.sources import TextFileSource
+from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.sources import ArrayRecordSource, TextFileSource
 from xlstm_data.sources.tokenizers import ByteTokenizer
 
 BYTES = ByteTokenizer()
@@ -193,6 +194,24 @@ def test_every_kind_yields_the_documents_of_plain_json_lines(kinds, kind):
     if kind == "not-gzip.jsonl.gz":
         expected_compression = None
     assert part.compression == expected_compression
+
+
+def test_prepared_shards_hold_the_tokens_a_text_source_reads(tmp_path, kinds):
+    """Through the whole of `prepare` (tokenize, shard, index), every kind gives the shards
+    plain JSON lines give, and those hold what `TextFileSource` reads from the JSON lines."""
+    plain, _ = kinds["plain.jsonl"]
+    source = TextFileSource(str(plain), jsonl_field="text")
+    expected = [source[i]["tokens"].tolist() for i in range(len(source))]
+    reference = tmp_path / "reference"
+    prepare_corpus([str(plain)], str(reference))
+    prepared = ArrayRecordSource(str(reference / "*.array_record"))
+    assert [prepared[i]["tokens"].tolist() for i in range(len(prepared))] == expected
+    for kind in ("frames.jsonl.zst", "mystery.data", "large.parquet tokens", "hf"):
+        path, options = kinds[kind]
+        out = tmp_path / kind.replace(" ", "-")
+        prepare_corpus([str(path)], str(out), num_shards=1, **options)
+        for name in ("lengths.npy", "shard-00000-of-00001.array_record"):
+            assert (out / name).read_bytes() == (reference / name).read_bytes(), (kind, name)
 
 
 @pytest.mark.parametrize("kind", ["a.parquet", "large.parquet", "hf", "file-format.arrow"])
