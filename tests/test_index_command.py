@@ -267,7 +267,7 @@ def test_shards_on_a_remote_filesystem_get_the_same_index(
     assert "indexed 11 documents, 76 tokens in 3 shards: gs://bucket/corpus/index.json" in out
     assert f"path={pattern!r}" in out
     written = json.loads(memory_gs.cat("gs://bucket/corpus/index.json"))
-    for theirs, ours in zip(expected["shards"], written["shards"]):
+    for theirs, ours in zip(expected["shards"], written["shards"], strict=True):
         assert ours.pop("source") == f"gs://bucket/corpus/{ours['file']}"
         del theirs["source"]
     assert written == expected

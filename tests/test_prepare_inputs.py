@@ -21,6 +21,7 @@ import pytest
 import zstandard
 
 from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.prepare.corpus import prepare_corpus
 from xlstm_data.prepare.inputs import (
     INPUT_FORMATS,
     InputPart,
@@ -28,7 +29,6 @@ from xlstm_data.prepare.inputs import (
     find_inputs,
     read_documents,
 )
-from xlstm_data.prepare.corpus import prepare_corpus
 from xlstm_data.sources import ArrayRecordSource, TextFileSource
 from xlstm_data.sources.tokenizers import ByteTokenizer
 

@@ -285,3 +285,20 @@ def test_inputs_and_output_on_a_remote_filesystem(tmp_path, raw, memory_gs):
     for name, data in output_files(tmp_path / "local").items():
         if name.endswith(".array_record") or name.endswith(".npy"):
             assert memory_gs.cat(f"gs://bucket/out/{name}") == data, name
+
+
+def test_lengths_are_written_piece_by_piece_as_np_save_writes_them(tmp_path):
+    """`lengths.npy` is streamed from each shard's lengths (never all in memory)."""
+    import io
+
+    from xlstm_data.prepare import paths
+
+    pieces = [np.arange(5), np.array([], dtype=np.int64), np.arange(7, 10)]
+    expected = io.BytesIO()
+    np.save(expected, np.concatenate(pieces).astype(np.int32))
+    paths.write_npy_in_pieces(str(tmp_path / "l.npy"), iter(pieces), 8, np.int32)
+    assert (tmp_path / "l.npy").read_bytes() == expected.getvalue()
+    for count in (7, 9):
+        with pytest.raises(ValueError, match=f"expected {count} values"):
+            paths.write_npy_in_pieces(str(tmp_path / "m.npy"), iter(pieces), count, np.int32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.npy"]

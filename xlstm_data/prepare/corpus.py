@@ -203,10 +203,15 @@ class Preparation:
         skipped: dict[str, int],
     ) -> dict[str, Any]:
         directory = split_directory(self.output_dir, split)
-        lengths = np.concatenate([shard_lengths(task, self.work_dir) for task in tasks])
-        paths.write_npy_atomically(paths.join(directory, LENGTHS_FILE), lengths.astype(np.int32))
+        documents = sum(task.documents for task in tasks)
+        paths.write_npy_in_pieces(
+            paths.join(directory, LENGTHS_FILE),
+            (shard_lengths(task, self.work_dir) for task in tasks),
+            documents,
+            np.int32,
+        )
         settings = self.settings
-        index = settings.index_header(lengths)
+        index = settings.index_header(documents, sum(task.tokens for task in tasks))
         index["split"] = split
         index["shards"] = [
             _shard_entry(task, shard) for task, shard in zip(tasks, shards, strict=True)

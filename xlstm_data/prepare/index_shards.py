@@ -21,6 +21,7 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -123,28 +124,34 @@ def index_shards(
         )
         for path in files
     ]
-    lengths: list[np.ndarray | None] = [None] * len(jobs)
-    entries: list[dict[str, Any] | None] = [None] * len(jobs)
-    for done, (number, counted) in enumerate(_counted(jobs, workers), 1):
-        lengths[number] = counted
-        entries[number] = entry = {
-            "file": paths.basename(jobs[number].path),
-            "source": jobs[number].path,
-            "documents": int(counted.size),
-            "tokens": int(counted.sum(dtype=np.int64)),
-            "bytes": paths.size(jobs[number].path),
-        }
-        if progress:
-            progress(done, len(jobs), entry)
-    everything = np.concatenate([np.asarray(c, dtype=np.int32) for c in lengths])
-    index = settings.index_header(everything)
-    if record_format != "tokens":  # absent means tokens, as in `prepare`'s indexes
-        index["record_format"] = record_format
-    index["shards"] = entries
-    index_file = paths.join(directory, INDEX_FILE)
-    # A reader must never pair the old index with the new lengths: drop it first.
-    paths.remove(index_file)
-    paths.write_npy_atomically(paths.join(directory, LENGTHS_FILE), everything)
+    entries: list[dict[str, Any]] = [{}] * len(jobs)
+    # Each shard's lengths wait on local disk, not in memory: 4 GB at 10^9 documents.
+    with tempfile.TemporaryDirectory(prefix="xlstm-data-index-") as scratch:
+        for done, (number, counted) in enumerate(_counted(jobs, workers), 1):
+            np.save(os.path.join(scratch, f"{number}.npy"), counted.astype(np.int32))
+            entries[number] = entry = {
+                "file": paths.basename(jobs[number].path),
+                "source": jobs[number].path,
+                "documents": int(counted.size),
+                "tokens": int(counted.sum(dtype=np.int64)),
+                "bytes": paths.size(jobs[number].path),
+            }
+            if progress:
+                progress(done, len(jobs), entry)
+        documents = sum(entry["documents"] for entry in entries)
+        index = settings.index_header(documents, sum(entry["tokens"] for entry in entries))
+        if record_format != "tokens":  # absent means tokens, as in `prepare`'s indexes
+            index["record_format"] = record_format
+        index["shards"] = entries
+        index_file = paths.join(directory, INDEX_FILE)
+        # A reader must never pair the old index with the new lengths: drop it first.
+        paths.remove(index_file)
+        paths.write_npy_in_pieces(
+            paths.join(directory, LENGTHS_FILE),
+            (np.load(os.path.join(scratch, f"{number}.npy")) for number in range(len(jobs))),
+            documents,
+            np.int32,
+        )
     paths.write_json_atomically(index_file, index)
     logging.info(
         "index: %d documents, %d tokens in %d shards under %s",

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import numpy as np
@@ -166,6 +166,32 @@ def write_npy_atomically(path: str, array: Any) -> None:
     partial = partial_name(path)
     with open_file(partial, "wb") as f:
         np.save(f, array)
+    replace(partial, path)
+
+
+def write_npy_in_pieces(path: str, pieces: Iterable[np.ndarray], count: int, dtype: Any) -> None:
+    """Writes the `count` values of `pieces`, in order, as one 1-D `.npy` (the bytes
+    `np.save` writes for their concatenation) without holding them all: a corpus of
+    10^9 documents has 4 GB of lengths.
+
+    Raises:
+      ValueError: If the pieces do not hold `count` values.
+    """
+    dtype = np.dtype(dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
+    partial = partial_name(path)
+    written = 0
+    with open_file(partial, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {**header, "shape": (count,)})
+        for piece in pieces:
+            values = np.ascontiguousarray(piece, dtype=dtype)
+            written += values.size
+            if written > count:
+                break
+            f.write(values.tobytes())
+    if written != count:
+        remove(partial)
+        raise ValueError(f"{path}: expected {count} values, the pieces held {written}")
     replace(partial, path)
 
 

@@ -15,8 +15,6 @@ import math
 import os
 from typing import Any
 
-import numpy as np
-
 from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 from xlstm_data.prepare.inputs import INPUT_FORMATS
@@ -196,8 +194,8 @@ class PrepareSettings:
             "skip_bad_lines": self.skip_bad_lines,
         }
 
-    def index_header(self, lengths: np.ndarray) -> dict[str, Any]:
-        """The keys every `index.json` starts with, for shards of documents of `lengths`.
+    def index_header(self, documents: int, tokens: int) -> dict[str, Any]:
+        """The keys every `index.json` starts with, for shards of `documents` and `tokens`.
 
         `prepare` and `index` both write them, so a reader cannot tell which
         made the shards; the special tokens appear only when they were named.
@@ -208,8 +206,8 @@ class PrepareSettings:
             "tokenizer_vocab_size": self.tokenizer_vocab_size,
             "eod_id": self.eod_id,
             "vocab_size": self.vocab_size,
-            "documents": int(lengths.size),
-            "tokens": int(lengths.sum(dtype=np.int64)),
+            "documents": int(documents),
+            "tokens": int(tokens),
         }
         for key in ("eod_token", "pad_token"):
             if getattr(self, key) is not None:
