@@ -11,22 +11,34 @@ Its throughput against grain, the read ceiling and the old pipeline is
   0 as the simulated host count grows from 1 to 512 at a fixed 8 rows per host
   (the global batch grows with the hosts), with the logical streams capped at
   64 as in the config path.
+- **Planning's share of the pipeline's CPU** (target < 5 %). The host
+  pipeline (`PlannedBatchDataset`: plan, read, assemble) on the lognormal
+  ArrayRecord corpus, rows of 1024, host batch 8, in this process; the CPU
+  spent in the host planner (`pieces_at`, `cursor_table_at`: block planning,
+  windows, cursors) over the CPU of the whole element. Stride 1 is the
+  pipeline without workers; stride W is one of W worker processes, which gets
+  every W-th step but plans every block of its streams.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from bench import common
+from xlstm_data.plan import streams
 from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan"
 SEQ_LEN = 1024  # as throughput.FULL
 HOST_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+PLANNING_SHARE_TARGET = 0.05
 
 
 def _synthetic_lengths(documents: int) -> np.ndarray:
@@ -56,6 +68,53 @@ def _planning_ms_per_step(lengths: np.ndarray, hosts: int, steps: int) -> float:
     return (time.process_time() - started) / steps * 1e3
 
 
+@contextlib.contextmanager
+def _planner_cpu() -> Iterator[list[float]]:
+    """CPU seconds spent in `HostPlanner`'s per-step calls while the context is open."""
+    spent = [0.0]
+    originals = {name: getattr(HostPlanner, name) for name in ("pieces_at", "cursor_table_at")}
+
+    def timed(original):
+        def call(self, step):
+            started = time.process_time()
+            try:
+                return original(self, step)
+            finally:
+                spent[0] += time.process_time() - started
+
+        return call
+
+    try:
+        for name, original in originals.items():
+            setattr(streams.HostPlanner, name, timed(original))
+        yield spent
+    finally:
+        for name, original in originals.items():
+            setattr(streams.HostPlanner, name, original)
+
+
+def _planning_share(steps: int, stride: int, repeats: int, tiny: bool) -> dict[str, Any]:
+    """Planning's share of the host pipeline's CPU: every `stride`-th of `steps` steps."""
+    from bench.plan_throughput import document_lengths
+
+    spec = common.lognormal_corpus(tiny)["web"]
+    source = ArrayRecordSource(common.prepare_corpus(spec))
+    plan = GlobalPlan(
+        common.plan_spec(("web",), {"web": 1.0}, 8, SEQ_LEN), [document_lengths(source)]
+    )
+    shares, per_step = [], []
+    for _ in range(repeats):
+        dataset = PlannedBatchDataset(plan, [source], 0, 1, 0)
+        with _planner_cpu() as spent:
+            started = time.process_time()
+            for index in range(0, steps, stride):
+                dataset[index]
+            total = time.process_time() - started
+        shares.append(spent[0] / total)
+        per_step.append(total / len(range(0, steps, stride)) * 1e3)
+    return {"share": common.summarize(shares), "cpu_ms_per_step": common.summarize(per_step)}
+
+
 def run(config: common.BenchConfig) -> dict[str, Any]:
     started = time.perf_counter()
     tiny = config.tiny
@@ -69,7 +128,21 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
         str(h): _planning_ms_per_step(lengths, h, steps)
         for h in (HOST_COUNTS[:4] if tiny else HOST_COUNTS)
     }
+    share_steps = 256 if tiny else 6000
+    shares = {
+        str(stride): _planning_share(share_steps, stride, 1 if tiny else 3, tiny) for stride in (1, 2)
+    }
     targets = [
+        *(
+            common.target(
+                f"planning_share_stride_{stride}",
+                figures["share"]["median"],
+                "<",
+                PLANNING_SHARE_TARGET,
+                f"planning < 5 % of the pipeline's CPU, every {stride}. step",
+            )
+            for stride, figures in shares.items()
+        ),
         common.target(
             "resume_10M_over_10", ratio, "<=", 1.5, "resume at step 10^7 <= 1.5x at step 10"
         ),
@@ -85,6 +158,7 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
         "resume_secs": resume,
         "resume_10M_over_10": ratio,
         "planning_ms_per_step_by_hosts": planning,
+        "planning_share_by_stride": shares,
         "rows_per_host": 8,
         "targets": targets,
     }
@@ -105,6 +179,15 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
             "yes" if met["resume_10M_over_10"] else "NO",
         )
     )
+    for stride, figures in result.get("planning_share_by_stride", {}).items():
+        rows.append(
+            (
+                f"planning share of pipeline CPU, stride {stride}",
+                f"{figures['share']['median']:.1%}",
+                "< 5%",
+                "yes" if met[f"planning_share_stride_{stride}"] else "NO",
+            )
+        )
     for hosts, ms in result["planning_ms_per_step_by_hosts"].items():
         rows.append((f"planning per host, {hosts} hosts", f"{ms:.2f} ms/step", "-", "-"))
     return rows

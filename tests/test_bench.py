@@ -160,6 +160,21 @@ def test_plan_packing(results):
     assert result["modes"]["none"]["split_beyond_necessity"] == 0
 
 
+def test_plan(results):
+    result = _load(results, "plan")
+    for stats in result["resume_secs"].values():
+        _positive_stats(stats)
+    assert all(ms > 0 for ms in result["planning_ms_per_step_by_hosts"].values())
+    assert set(result["planning_share_by_stride"]) == {"1", "2"}
+    for figures in result["planning_share_by_stride"].values():
+        _positive_stats(figures["cpu_ms_per_step"])
+        assert 0 < figures["share"]["median"] < 1
+    assert {t["metric"] for t in result["targets"]} >= {
+        "planning_share_stride_1",
+        "planning_share_stride_2",
+    }
+
+
 def test_unknown_benchmark_is_refused(capsys):
     assert run.main(["no_such_benchmark", "--tiny"]) == 2
     assert "unknown benchmark(s) ['no_such_benchmark']; choose from" in capsys.readouterr().err

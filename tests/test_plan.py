@@ -20,7 +20,7 @@ from xlstm_data.plan.packing import MODES, packing_mode
 from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
 from xlstm_data.plan.spec import PlanSpec, auto_streams
-from xlstm_data.plan.streams import GlobalPlan, HostPlanner
+from xlstm_data.plan.streams import GlobalPlan, HostPlanner, StreamPlanner
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources import InMemorySource, SyntheticSource
 
@@ -132,6 +132,50 @@ def test_host_slices_concatenate_to_the_global_plan(layout, packing):
         planners = [HostPlanner(plan, h, hosts) for h in range(hosts)]
         for step in range(steps):
             _same(Pieces.concat([p.pieces_at(step) for p in planners]), expected[step])
+
+
+def _stream_rows_of_step(plan: GlobalPlan, planners: dict, host: int, hosts: int, step: int):
+    """A host's rows at `step` by definition: each of its streams' rows of the step, joined."""
+    first_row, per_stream = plan.stream_rows(step)
+    per_host = plan.spec.batch.global_batch_size_at(step) // hosts
+    lo, hi = host * per_host, (host + 1) * per_host
+    parts = []
+    for stream in plan.host_streams(host, hosts):
+        a, b = max(lo, stream * per_stream), min(hi, (stream + 1) * per_stream)
+        if a < b:
+            parts.append(planners[stream].rows(first_row + a - stream * per_stream, b - a))
+    return Pieces.concat(parts)
+
+
+@pytest.mark.parametrize("window_rows", [1, 50])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_planning_steps_ahead_gives_each_steps_stream_rows(monkeypatch, layout, window_rows):
+    """A host plans a window of steps at once (`WINDOW_ROWS`) and reuses its cursors until a
+    block ends: neither changes what any step holds, for any host count, packing or order
+    of steps a worker asks for (every W-th step, or a jump after skipped steps)."""
+    from xlstm_data.plan import streams as streams_module
+
+    monkeypatch.setattr(streams_module, "WINDOW_ROWS", window_rows)
+    for packing in ("best_fit", "none"):  # windows and cursors do not look at rows' contents
+        plan = make_plan(layout, packing, block_documents=16)
+        for hosts in (1, max(_divisors_of_all(plan, 8))):
+            for host in sorted({0, hosts - 1}):
+                for steps in (range(1, 14, 3), [0, 1, 2, 9, 10, 13]):
+                    planner = HostPlanner(plan, host, hosts)
+                    reference = {
+                        s: StreamPlanner(plan, s, plan.start_cursor())
+                        for s in plan.host_streams(host, hosts)
+                    }
+                    for step in steps:
+                        expected = _stream_rows_of_step(plan, reference, host, hosts, step)
+                        _same(planner.pieces_at(step), expected)
+                        cursors = {
+                            s: reference[s].cursor_at(plan.stream_rows(step + 1)[0])
+                            for s in reference
+                        }
+                        assert planner.cursors_at(step + 1) == cursors
+                        table = planner.cursor_table_at(step + 1)
+                        assert table.tolist() == [[s, *c.to_list()] for s, c in cursors.items()]
 
 
 @pytest.mark.parametrize("streams", [1, 2, 4])
@@ -493,3 +537,35 @@ def test_assembled_batches_equal_a_piece_by_piece_reference(shift, shift_target)
             for field in LLM_BATCH_FIELDS:
                 assert got[field].dtype == np.int32
                 np.testing.assert_array_equal(got[field], want[field], err_msg=f"{name} {field}")
+
+
+def _textbook_best_fit_decreasing(sizes: np.ndarray, row_length: int) -> list[int]:
+    """Each item, largest first, into the open row with the least room that fits it."""
+    rooms: list[int] = []
+    row_of = [0] * len(sizes)
+    for item in np.argsort(-sizes, kind="stable").tolist():
+        fits = [row for row, room in enumerate(rooms) if room >= sizes[item]]
+        row = min(fits, key=lambda r: rooms[r]) if fits else len(rooms)
+        if not fits:
+            rooms.append(row_length)
+        rooms[row] -= int(sizes[item])
+        row_of[item] = row
+    return row_of
+
+
+def test_best_fit_decreasing_is_the_textbook_algorithm():
+    """The fast BFD (big items placed with numpy, open rows as sorted ints) places every
+    item where the textbook algorithm does, ties to the lowest row included."""
+    from xlstm_data.plan.packing import _best_fit_decreasing
+
+    rng = np.random.default_rng(1)
+    for case in range(400):
+        row_length = int(rng.integers(1, 200))
+        count = int(rng.integers(0, 120))
+        if case % 2:
+            sizes = rng.integers(1, row_length + 1, count)
+        else:
+            typical = np.log(max(1.0, row_length / 3))
+            sizes = np.minimum(row_length, rng.lognormal(typical, 1.0, count).astype(np.int64) + 1)
+        expected = _textbook_best_fit_decreasing(sizes, row_length)
+        assert _best_fit_decreasing(sizes, row_length).tolist() == expected, (row_length, sizes)

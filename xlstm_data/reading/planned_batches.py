@@ -125,7 +125,6 @@ class PlannedBatchDataset(grain.MapDataset):
             shift_target=spec.shift_target,
             eod_token_id=self._eod,
         )
-        cursors = planner.cursors_at(step + 1)
         return {
             "batch": batch,
             "data_step": np.int64(step),
@@ -136,9 +135,7 @@ class PlannedBatchDataset(grain.MapDataset):
             "source_tokens": np.bincount(
                 pieces.source, weights=pieces.stop - pieces.start, minlength=len(spec.names)
             ).astype(np.int64),
-            "cursors": np.array(
-                [[stream, *cursor.to_list()] for stream, cursor in cursors.items()], dtype=np.int64
-            ),
+            "cursors": planner.cursor_table_at(step + 1),
         }
 
     def __str__(self) -> str:
