@@ -16,8 +16,11 @@ Its throughput against grain, the read ceiling and the old pipeline is
   ArrayRecord corpus, rows of 1024, host batch 8, in this process; the CPU
   spent in the host planner (`pieces_at`, `cursor_table_at`: block planning,
   windows, cursors) over the CPU of the whole element. Stride 1 is the
-  pipeline without workers; stride W is one of W worker processes, which gets
-  every W-th step but plans every block of its streams.
+  pipeline without workers, where the target applies as measured. Stride W
+  is one of W worker processes, which gets every W-th step but plans every
+  block of its streams: its share of its own CPU is reported without a
+  target, since with workers the pipeline's CPU also counts the main
+  process (transfers, unpickling); see bench/README.md.
 """
 
 from __future__ import annotations
@@ -129,19 +132,15 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
         for h in (HOST_COUNTS[:4] if tiny else HOST_COUNTS)
     }
     share_steps = 256 if tiny else 6000
-    shares = {
-        str(stride): _planning_share(share_steps, stride, 1 if tiny else 3, tiny) for stride in (1, 2)
-    }
+    repeats_share = 1 if tiny else 3
+    shares = {str(k): _planning_share(share_steps, k, repeats_share, tiny) for k in (1, 2)}
     targets = [
-        *(
-            common.target(
-                f"planning_share_stride_{stride}",
-                figures["share"]["median"],
-                "<",
-                PLANNING_SHARE_TARGET,
-                f"planning < 5 % of the pipeline's CPU, every {stride}. step",
-            )
-            for stride, figures in shares.items()
+        common.target(
+            "planning_share_stride_1",
+            shares["1"]["share"]["median"],
+            "<",
+            PLANNING_SHARE_TARGET,
+            "planning < 5 % of the pipeline's CPU (no workers)",
         ),
         common.target(
             "resume_10M_over_10", ratio, "<=", 1.5, "resume at step 10^7 <= 1.5x at step 10"
@@ -184,8 +183,8 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 f"planning share of pipeline CPU, stride {stride}",
                 f"{figures['share']['median']:.1%}",
-                "< 5%",
-                "yes" if met[f"planning_share_stride_{stride}"] else "NO",
+                "< 5%" if stride == "1" else "-",
+                ("yes" if met["planning_share_stride_1"] else "NO") if stride == "1" else "-",
             )
         )
     for hosts, ms in result["planning_ms_per_step_by_hosts"].items():

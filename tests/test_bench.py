@@ -169,10 +169,7 @@ def test_plan(results):
     for figures in result["planning_share_by_stride"].values():
         _positive_stats(figures["cpu_ms_per_step"])
         assert 0 < figures["share"]["median"] < 1
-    assert {t["metric"] for t in result["targets"]} >= {
-        "planning_share_stride_1",
-        "planning_share_stride_2",
-    }
+    assert "planning_share_stride_1" in {t["metric"] for t in result["targets"]}
 
 
 def test_unknown_benchmark_is_refused(capsys):
