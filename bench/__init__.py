@@ -1,7 +1,8 @@
 """Benchmarks of xlstm-data: figures measured against a baseline in the same process.
 
 Each benchmark module (`throughput`, `packing`, `resume`, `loop_wait`,
-`memory`, `plan`, `plan_throughput`, `cold_start`, `plan_packing`) has
+`memory`, `plan`, `plan_throughput`, `cold_start`, `plan_packing`,
+`device_overlap`) has
 `run(config) -> dict`, which measures, writes
 `<out>/<name>.json` (and a PNG where a picture helps) and returns the JSON
 payload, and `summary(result)`, the rows of the summary table. `bench.run`
@@ -19,4 +20,5 @@ BENCHMARKS = (
     "plan_throughput",
     "cold_start",
     "plan_packing",
+    "device_overlap",
 )

@@ -172,6 +172,16 @@ def test_plan(results):
     assert "planning_share_stride_1" in {t["metric"] for t in result["targets"]}
 
 
+def test_device_overlap(results):
+    result = _load(results, "device_overlap")
+    assert result["platform"] == "cpu"  # the suite has no accelerator: a smoke run
+    assert result["settings"]["iterations"] >= 1
+    assert result["step_secs"] > 0 and result["loop_secs"] > 0 and result["batch_bytes"] > 0
+    _positive_stats(result["transfer_secs"])
+    assert 0 <= result["wait_share"] < 1
+    assert [t["metric"] for t in result["targets"]] == ["wait_share"]
+
+
 def test_unknown_benchmark_is_refused(capsys):
     assert run.main(["no_such_benchmark", "--tiny"]) == 2
     assert "unknown benchmark(s) ['no_such_benchmark']; choose from" in capsys.readouterr().err
