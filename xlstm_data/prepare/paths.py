@@ -206,14 +206,9 @@ def local_copy_for_reading(path: str) -> Iterator[str]:
     if not is_uri(path):
         yield path
         return
-    directory = tempfile.mkdtemp(prefix="xlstm-data-")
-    local = os.path.join(directory, basename(path))
-    try:
-        with open_file(path, "rb") as source, open(local, "wb") as destination:
-            shutil.copyfileobj(source, destination, 16 << 20)
+    with _scratch_file(path) as local:
+        _copy(path, local)
         yield local
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -222,11 +217,21 @@ def local_copy_for_writing(path: str) -> Iterator[str]:
     if not is_uri(path):
         yield path
         return
-    directory = tempfile.mkdtemp(prefix="xlstm-data-")
-    local = os.path.join(directory, basename(path))
-    try:
+    with _scratch_file(path) as local:
         yield local
-        with open(local, "rb") as source, open_file(path, "wb") as destination:
-            shutil.copyfileobj(source, destination, 16 << 20)
+        _copy(local, path)
+
+
+@contextlib.contextmanager
+def _scratch_file(path: str) -> Iterator[str]:
+    """A local temporary file name ending like `path`'s; its directory is deleted after."""
+    directory = tempfile.mkdtemp(prefix="xlstm-data-")
+    try:
+        yield os.path.join(directory, basename(path))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _copy(source: str, destination: str) -> None:
+    with open_file(source, "rb") as reader, open_file(destination, "wb") as writer:
+        shutil.copyfileobj(reader, writer, 16 << 20)
