@@ -117,12 +117,16 @@ def test_decode_prints_the_documents_text(tmp_path, capsys):
     )
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) == len(rows) == 8
+    printed = capsys.readouterr().out
+    whole = 0
     for record in records:
         for piece in record["documents"]:
             line = lines[piece["document"]]
             first, last = piece["start"], min(piece["stop"], len(line))
             assert piece["text"] == line[first:last]
-    assert 'text#25: "line number 25 s"' in capsys.readouterr().out
+            assert f'text#{piece["document"]}: {json.dumps(line[first:last])}' in printed
+            whole += piece["start"] == 0 and piece["stop"] == 16
+    assert whole  # a row that starts with a document's first 16 characters
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,7 @@ _DELETE = object()
         ("read_buffer_size", 64, r"data.read_buffer_size is no longer a data key.*read_threads"),
         ("packing_bin_count", 8, r"data.packing_bin_count is no longer a data key.*best_fit"),
         ("mixture_unit", "bytes", r"data.mixture_unit='bytes'"),
-        ("logical_streams", 0, r"data.logical_streams=0"),
+        ("logical_streams", 8, r"data.logical_streams=8: the plan has no logical streams"),
         ("block_documents", 0, r"data.block_documents=0"),
         ("mixture_schedule", [[0, {"web": -1.0}]], r"data.mixture_schedule"),
         ("mixture_schedule", [[0, {"forum": 1.0}]], r"data.mixture_schedule"),

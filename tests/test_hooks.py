@@ -22,7 +22,7 @@ from trainer_hooks import (
     restore_or_initialize,
 )
 from trainer_hooks.batch_log import replay_check
-from xlstm_data.plan.streams import HostPlanner
+from xlstm_data.plan.global_plan import HostPlanner
 
 MESH_AXES = "dp:1,fsdp:-1,tp:1,sp:1"
 

@@ -19,8 +19,8 @@ from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.packing import MODES, packing_mode
 from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
-from xlstm_data.plan.spec import PlanSpec, auto_streams
-from xlstm_data.plan.streams import GlobalPlan, HostPlanner, StreamPlanner
+from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
+from xlstm_data.plan.spec import PlanSpec
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources import InMemorySource, SyntheticSource
 
@@ -49,7 +49,6 @@ def make_plan(
     layout: str,
     packing: str,
     *,
-    streams: int | None = None,
     num_epochs: int | None = None,
     drop_remainder: bool = True,
     names: tuple[str, ...] = ("a", "b"),
@@ -74,7 +73,6 @@ def make_plan(
         seed=3,
         shuffle=True,
         batch=batch,
-        streams=streams or auto_streams([s.global_batch_size for s in batch.stages()]),
         block_documents=block_documents,
         num_epochs=num_epochs,
         drop_remainder=drop_remainder,
@@ -87,15 +85,16 @@ def _divisors_of_all(plan: GlobalPlan, limit: int = 64) -> list[int]:
     return [h for h in range(1, limit + 1) if all(b % h == 0 for b in sizes)]
 
 
-def _cursors_saved_at(plan: GlobalPlan, hosts: int, step: int) -> dict:
-    """Every stream's cursor at `step`, as `hosts` hosts that ran steps 0..step-1 save them."""
-    savers = [HostPlanner(plan, h, hosts) for h in range(hosts)]
-    cursors = {}
-    for saver in savers:
+def _cursor_saved_at(plan: GlobalPlan, hosts: int, step: int):
+    """The cursor at `step`, as each of `hosts` hosts that ran steps 0..step-1 saves it."""
+    cursors = []
+    for host in range(hosts):
+        saver = HostPlanner(plan, host, hosts)
         for done in range(step):
             saver.pieces_at(done)
-        cursors.update(saver.cursors_at(step))
-    return cursors
+        cursors.append(saver.cursor_at(step))
+    assert all(c == cursors[0] for c in cursors)
+    return cursors[0]
 
 
 def _same(a: Pieces, b: Pieces) -> None:
@@ -134,60 +133,26 @@ def test_host_slices_concatenate_to_the_global_plan(layout, packing):
             _same(Pieces.concat([p.pieces_at(step) for p in planners]), expected[step])
 
 
-def _stream_rows_of_step(plan: GlobalPlan, planners: dict, host: int, hosts: int, step: int):
-    """A host's rows at `step` by definition: each of its streams' rows of the step, joined."""
-    first_row, per_stream = plan.stream_rows(step)
-    per_host = plan.spec.batch.global_batch_size_at(step) // hosts
-    lo, hi = host * per_host, (host + 1) * per_host
-    parts = []
-    for stream in plan.host_streams(host, hosts):
-        a, b = max(lo, stream * per_stream), min(hi, (stream + 1) * per_stream)
-        if a < b:
-            parts.append(planners[stream].rows(first_row + a - stream * per_stream, b - a))
-    return Pieces.concat(parts)
-
-
-@pytest.mark.parametrize("window_rows", [1, 50])
+@pytest.mark.parametrize("window_rows", [1, 7, 50])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_planning_steps_ahead_gives_each_steps_stream_rows(monkeypatch, layout, window_rows):
-    """A host plans a window of steps at once (`WINDOW_ROWS`) and reuses its cursors until a
-    block ends: neither changes what any step holds, for any host count, packing or order
-    of steps a worker asks for (every W-th step, or a jump after skipped steps)."""
-    from xlstm_data.plan import streams as streams_module
+def test_planning_steps_ahead_gives_each_steps_rows_and_cursor(monkeypatch, layout, window_rows):
+    """Windows of many steps plan what one step at a time plans, cursors included."""
+    from xlstm_data.plan import global_plan
 
-    monkeypatch.setattr(streams_module, "WINDOW_ROWS", window_rows)
-    for packing in ("best_fit", "none"):  # windows and cursors do not look at rows' contents
+    for packing in ("best_fit", "concat"):
         plan = make_plan(layout, packing, block_documents=16)
-        for hosts in (1, max(_divisors_of_all(plan, 8))):
-            for host in sorted({0, hosts - 1}):
-                for steps in (range(1, 14, 3), [0, 1, 2, 9, 10, 13]):
-                    planner = HostPlanner(plan, host, hosts)
-                    reference = {
-                        s: StreamPlanner(plan, s, plan.start_cursor())
-                        for s in plan.host_streams(host, hosts)
-                    }
-                    for step in steps:
-                        expected = _stream_rows_of_step(plan, reference, host, hosts, step)
-                        _same(planner.pieces_at(step), expected)
-                        cursors = {
-                            s: reference[s].cursor_at(plan.stream_rows(step + 1)[0])
-                            for s in reference
-                        }
-                        assert planner.cursors_at(step + 1) == cursors
-                        table = planner.cursor_table_at(step + 1)
-                        assert table.tolist() == [[s, *c.to_list()] for s, c in cursors.items()]
-
-
-@pytest.mark.parametrize("streams", [1, 2, 4])
-def test_a_host_count_above_the_stream_count_still_concatenates(streams):
-    plan = make_plan("constant", "best_fit", streams=streams)
-    world = HostPlanner(plan, 0, 1)
-    expected = [world.pieces_at(step) for step in range(6)]
-    for hosts in (6, 10, 12, 30, 60):
-        planners = [HostPlanner(plan, h, hosts) for h in range(hosts)]
-        assert max(len(p.streams) for p in planners) <= 2
-        for step in range(6):
-            _same(Pieces.concat([p.pieces_at(step) for p in planners]), expected[step])
+        wide = HostPlanner(plan, 0, 1)
+        expected = [(wide.pieces_at(step), wide.cursor_at(step + 1)) for step in range(14)]
+        monkeypatch.setattr(global_plan, "WINDOW_ROWS", window_rows)
+        for hosts in _divisors_of_all(plan, 8):
+            for host in range(hosts):
+                planner = HostPlanner(plan, host, hosts)
+                for step in range(14):
+                    pieces, cursor = expected[step]
+                    lo, count = planner.host_rows(step)
+                    _same(planner.pieces_at(step), pieces.row_slice(lo, lo + count))
+                    assert planner.cursor_at(step + 1) == cursor
+        monkeypatch.undo()
 
 
 def _coverage(plan: GlobalPlan, hosts: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
@@ -241,43 +206,16 @@ def test_two_epochs_cover_each_document_twice_in_different_orders(packing):
     assert order1 != late
 
 
-@pytest.mark.parametrize("layout", ["stages", "rampup_and_stages"])
-def test_streams_deal_each_epoch_of_a_mixture_source_exactly_once(layout):
-    """Stream v takes positions v, v + V, ... of each source; an epoch is N positions."""
-    plan = make_plan(layout, "best_fit")
-    taken: dict[int, list[np.ndarray]] = {0: [], 1: []}
-    for stream in range(plan.streams):
-        cursor = plan.start_cursor()
-        docs: dict[int, list[int]] = {0: [], 1: []}
-        for _ in range(6):
-            pieces, cursor, _ = plan.plan_block(stream, cursor)
-            first = pieces.start == 0
-            for source, doc in zip(pieces.source[first], pieces.document[first], strict=True):
-                docs[int(source)].append(int(doc))
-        for source in (0, 1):
-            positions = stream + np.arange(cursor.taken[source]) * plan.streams
-            expected = plan.orders[source].documents(positions)
-            sizes = example_tokens(SOURCES["ab"[source]][expected], True, True)
-            assert sorted(docs[source]) == sorted(expected[sizes > 0].tolist())
-            taken[source].append(positions)
-    for source in (0, 1):
-        positions = np.concatenate(taken[source])
-        size = len(SOURCES["ab"[source]])
-        first_epoch = plan.orders[source].documents(positions[positions < size])
-        assert len(set(first_epoch.tolist())) == len(first_epoch)
-        assert len(set(positions.tolist())) == len(positions)
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("packing", ["best_fit", "concat"])
-def test_resuming_from_cursors_on_another_host_count_continues_the_same_plan(layout, packing):
+def test_resuming_from_a_cursor_on_another_host_count_continues_the_same_plan(layout, packing):
     plan = make_plan(layout, packing)
     world = HostPlanner(plan, 0, 1)
     expected = [world.pieces_at(step) for step in range(14)]
     host_counts = _divisors_of_all(plan, 16)
     for saved_hosts, resumed_hosts in itertools.permutations(host_counts[:4], 2):
-        cursors = _cursors_saved_at(plan, saved_hosts, 6)
-        resumed = [HostPlanner(plan, h, resumed_hosts, cursors) for h in range(resumed_hosts)]
+        cursor = _cursor_saved_at(plan, saved_hosts, 6)
+        resumed = [HostPlanner(plan, h, resumed_hosts, cursor) for h in range(resumed_hosts)]
         for step in range(6, 14):
             _same(Pieces.concat([p.pieces_at(step) for p in resumed]), expected[step])
 
@@ -297,7 +235,6 @@ def test_mixture_stages_hold_their_token_shares():
         seed=0,
         shuffle=True,
         batch=batch,
-        streams=8,
         block_documents=512,
     )
     plan = GlobalPlan(spec, [lengths["a"], lengths["b"]])
@@ -310,69 +247,6 @@ def test_mixture_stages_hold_their_token_shares():
         assert abs(tokens[0] / tokens.sum() - share_a) < 0.01, (start, tokens / tokens.sum())
         if share_a == 0.0:  # turned off: not one token from the stage's first step on
             assert tokens[0] == 0
-
-
-def _long_documents_plan(packing: str, streams: int) -> GlobalPlan:
-    """a is off at steps 4..8; its documents often span many rows of 32."""
-    lengths = {"a": _lengths(7, 3000, 200.0), "b": _lengths(8, 3000, 12.0)}
-    schedule = [[0, {"a": 1, "b": 1}], [4, {"b": 1}], [9, {"a": 3, "b": 1}]]
-    spec = PlanSpec(
-        names=("a", "b"),
-        mixture=parse_mixture_schedule(schedule, ("a", "b"), {}),
-        mixture_unit="tokens",
-        row_length=32,
-        packing=packing,
-        shift=True,
-        shift_target=True,
-        seed=1,
-        shuffle=True,
-        batch=BatchSizeSchedule(24, [[0, 0.5], [6, 1]]),
-        streams=streams,
-        block_documents=16,
-    )
-    return GlobalPlan(spec, [lengths["a"], lengths["b"]])
-
-
-@pytest.mark.parametrize("packing", MODES)
-@pytest.mark.parametrize("streams", [1, 4, 12])
-def test_a_stage_holds_from_its_first_step_even_inside_a_long_document(packing, streams):
-    """A document whose rows would cross a stage boundary is cut there, its rest carried.
-
-    The rest opens the next block that reads its source (here at step 9, when a
-    is on again); every position of every document is planned exactly once and
-    no token of a is planned while a is off.
-    """
-    plan = _long_documents_plan(packing, streams)
-    world = HostPlanner(plan, 0, 1)
-    steps = [world.pieces_at(step) for step in range(16)]
-    for step in range(4, 9):
-        assert not (steps[step].source == 0).any(), f"a read at step {step} while off"
-    assert (steps[9].source == 0).any()
-    cut = 0
-    for stream in range(plan.streams):  # whole blocks: every piece of every document
-        cursor, blocks = plan.start_cursor(), []
-        while cursor.row < plan.stream_rows(16)[0]:
-            block, cursor, _ = plan.plan_block(stream, cursor)
-            blocks.append(block)
-            cut += sum(d >= 0 for d, _ in cursor.carry)
-        pieces = Pieces.concat(blocks)
-        intervals: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for s, d, a, b in zip(
-            pieces.source, pieces.document, pieces.start, pieces.stop, strict=True
-        ):
-            intervals.setdefault((int(s), int(d)), []).append((int(a), int(b)))
-        carried = {(s, d): start for s, (d, start) in enumerate(cursor.carry) if d >= 0}
-        for (source, document), unordered in intervals.items():
-            spans = sorted(unordered)  # best_fit/first_fit shuffle a block's rows
-            size = example_tokens(plan.lengths[source][document : document + 1], True, True)
-            end = carried.get((source, document), int(size[0]))
-            assert spans[0][0] == 0 and spans[-1][1] == end, (spans, end)
-            assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False)), spans
-    assert cut > 0, "no document was cut at a stage boundary: the test lost its point"
-    # The same rows on another host count, resumed from cursors inside the off stage.
-    resumed = HostPlanner(plan, 0, 1, _cursors_saved_at(plan, streams if streams > 1 else 2, 6))
-    for step in range(6, 16):
-        _same(resumed.pieces_at(step), steps[step])
 
 
 def test_document_weighting_follows_document_counts():
@@ -388,7 +262,6 @@ def test_document_weighting_follows_document_counts():
         seed=0,
         shuffle=True,
         batch=BatchSizeSchedule(16, None),
-        streams=4,
         block_documents=400,
     )
     planner = HostPlanner(GlobalPlan(spec, [lengths["a"], lengths["b"]]), 0, 1)
@@ -412,7 +285,6 @@ def test_best_fit_fills_99_percent_of_the_lognormal_bench_corpus_at_1024():
         seed=0,
         shuffle=True,
         batch=BatchSizeSchedule(64, None),
-        streams=8,
         num_epochs=1,
     )
     plan = GlobalPlan(spec, [source.lengths()])

@@ -10,7 +10,7 @@ import pytest
 
 from xlstm_data import create_mesh, iterators_from_config
 from xlstm_data.errors import DataCheckpointError, DataConfigError
-from xlstm_data.plan.streams import HostPlanner
+from xlstm_data.plan.global_plan import HostPlanner
 
 DATA = {
     "train": {
@@ -68,7 +68,7 @@ def test_worker_count_changes_nothing_and_a_position_moves_between_counts(refere
         inline.close()
     again, _ = iterators_from_config({**DATA, "worker_count": workers}, mesh)
     try:
-        state_at_4 = dict(back, step=4, data_step=4, cursors=state["cursors"])
+        state_at_4 = dict(back, step=4, data_step=4, cursor=state["cursor"])
         again.set_state(state_at_4)
         _assert_same(_take(again, 5), reference[4:])
     finally:
@@ -119,14 +119,14 @@ def test_a_position_from_another_plan_is_refused():
             other.set_state(state)
         with pytest.raises(DataCheckpointError, match="streaming pipeline"):
             other.set_state({"format_version": 1, "step": 3})
-        with pytest.raises(DataCheckpointError, match="plan state format 2; .* reads format 3"):
-            other.set_state(dict(state, format_version=2))
+        with pytest.raises(DataCheckpointError, match="plan state format 3; .* reads format 4"):
+            other.set_state(dict(state, format_version=3))
     finally:
         other.close()
     same, _ = iterators_from_config(DATA, mesh)
     try:
-        with pytest.raises(DataCheckpointError, match="data.logical_streams=2"):
-            same.set_state(dict(state, streams=2))
+        with pytest.raises(DataCheckpointError, match="cursor is at data step 1 but .* is 5"):
+            same.set_state(dict(state, step=5, data_step=5))
     finally:
         same.close()
 
@@ -163,14 +163,12 @@ def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
         iterators_from_config(data, create_mesh())
 
 
-def test_saved_cursors_follow_datasets_by_name_when_the_datasets_change():
-    from xlstm_data.multihost.planned_iterator import cursors_by_name
+def test_a_saved_cursor_follows_datasets_by_name_when_the_datasets_change():
+    from xlstm_data.multihost.planned_iterator import cursor_by_name
 
-    # [block, row, taken a, b, credit a, b, carried document a, b, its first position a, b]
-    state = {"sources": ["a", "b"], "cursors": {"0": [3, 40, 7, 9, -5, -2, -1, 11, 0, 64]}}
-    assert cursors_by_name(state, ["b"]) == {"0": [3, 40, 9, -2, 11, 64]}
-    assert cursors_by_name(state, ["a", "b", "c"]) == {
-        "0": [3, 40, 7, 9, 0, -5, -2, 0, -1, 11, -1, 0, 64, 0]
-    }
+    # [step, stage start, block start a, b, rows taken a, b, served a, b]
+    state = {"sources": ["a", "b"], "cursor": [30, 10, 2048, 64, 7, 9, 500, 77]}
+    assert cursor_by_name(state, ["b"]) == [30, 10, 64, 9, 77]
+    assert cursor_by_name(state, ["a", "b", "c"]) == [30, 10, 2048, 64, 0, 7, 9, 0, 500, 77, 0]
     with pytest.raises(DataCheckpointError, match="corrupted"):
-        cursors_by_name({"sources": ["a"], "cursors": {"0": [3, 40, 7]}}, ["a"])
+        cursor_by_name({"sources": ["a"], "cursor": [3, 40, 7]}, ["a"])

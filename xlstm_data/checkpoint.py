@@ -13,9 +13,9 @@ by `max_to_keep`. Use it inside a composite::
 Each process writes `process_<i>-of-<n>.json`: a header (our format version,
 grain's version, the process index and count, the data step and a fingerprint
 of the data config) and its iterator state. A planned iterator's state (the
-config path) is the step and its logical streams' cursors, so a restore on
-another process count reads every saving process's file and merges their
-cursors. A restore refuses what would silently resume the wrong data: a
+config path) is the step and the plan's cursor, the same in every file, so a
+restore on another process count reads the saving processes' files and checks
+that they agree. A restore refuses what would silently resume the wrong data: a
 changed data config unless the change is explicitly allowed, and, for the
 streaming iterator of the reference factories, another process count.
 """
@@ -158,7 +158,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             _check_header(path, header, layout)
         current = _flat_config(args.iterator, args.data_config)
         data_step = saved_data_step(state)
-        changed, unasked = _check_config(
+        changed, _ = _check_config(
             path,
             header.get("data_config"),
             current,
@@ -166,8 +166,6 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             data_step,
             files=(_recorded_files(directory), getattr(args.iterator, "source_files", None)),
         )
-        if any(is_mixture_key(key) for key in unasked):
-            _check_no_trained_rows_replanned(args.iterator, state, data_step)
         if header.get("grain_version") != _grain_version():
             logging.warning(
                 "data state in %s was written with grain %s; this run has grain %s",
@@ -253,9 +251,8 @@ def _planned_record(
 ) -> tuple[epath.Path, dict[str, Any], dict[str, Any]]:
     """The planned position for this process, from any process layout.
 
-    On the saving layout this process's own file holds the cursors it needs;
-    on another layout every file of the saving run is read and their cursors
-    merged (each file holds its process's logical streams).
+    On the saving layout this process's own file holds the position; on
+    another layout every file of the saving run is read, and they must agree.
     """
     if own.exists():
         header, state = read_record(own)
@@ -432,26 +429,3 @@ def _allow_pattern(key: str) -> str:
     if is_identity_key(key):
         return ".".join(key.split(".")[:3])
     return key
-
-
-def _check_no_trained_rows_replanned(iterator: Any, state: Mapping[str, Any], data_step: int):
-    """Refuses new mixture stages that would replan rows trained before the checkpoint.
-
-    A stage cuts the packing blocks at its first step. A block that was being
-    trained at the checkpoint was planned under the old stages; if the new
-    ones plan its rows before the checkpoint otherwise, continuing would
-    repeat some documents and skip others. Stages from the end of that block
-    on are exact.
-    """
-    earliest = getattr(iterator, "earliest_exact_stage_step", None)
-    step = earliest(state) if earliest is not None else None
-    if step is None:
-        return
-    raise DataCheckpointError(
-        f"data.mixture_schedule: the new stages change how the packing block being trained "
-        f"at the checkpoint's data step {data_step} is planned, including its rows before "
-        f"that step, so resuming would repeat some documents and skip others. New stages "
-        f"resume exactly from step {step} on (the end of that block); start them there or "
-        "later, or allow the change explicitly (--allow_data_config_change="
-        "data.mixture_schedule) to replan the block"
-    )

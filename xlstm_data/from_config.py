@@ -24,8 +24,8 @@ from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.planned_iterator import PlannedDataIterator
 from xlstm_data.plan.mixture import parse_mixture_schedule
-from xlstm_data.plan.spec import PlanSpec, auto_streams
-from xlstm_data.plan.streams import GlobalPlan
+from xlstm_data.plan.spec import PlanSpec
+from xlstm_data.plan.global_plan import GlobalPlan
 
 
 def train_plan_spec(cfg: DataConfig) -> PlanSpec:
@@ -50,7 +50,6 @@ def train_plan_spec(cfg: DataConfig) -> PlanSpec:
         seed=cfg.data_shuffle_seed,
         shuffle=cfg.shuffle,
         batch=batch,
-        streams=cfg.logical_streams or auto_streams([s.global_batch_size for s in batch.stages()]),
         block_documents=cfg.block_documents,
         num_epochs=cfg.num_epochs,
         drop_remainder=cfg.drop_remainder,
@@ -71,7 +70,6 @@ def eval_plan_spec(cfg: DataConfig, name: str) -> PlanSpec:
         seed=cfg.data_shuffle_seed,
         shuffle=False,
         batch=batch,
-        streams=auto_streams([cfg.eval_global_batch_size]),
         block_documents=cfg.block_documents,
         num_epochs=1,
         drop_remainder=False,

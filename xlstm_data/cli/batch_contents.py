@@ -2,8 +2,8 @@
 
 With `--workdir` the run's own data config comes from its latest checkpoint
 (the data section every checkpoint records), so what is listed is what that
-run trained on, whatever the config file says today; the checkpoint's cursors
-start the planner when the asked steps lie after it. The files behind the
+run trained on, whatever the config file says today; the checkpoint's cursor
+starts the planner when the asked steps lie after it. The files behind the
 datasets are compared with the ones the checkpoint recorded, and each changed
 file is named in a warning: the listing would describe other documents.
 """
@@ -28,12 +28,12 @@ from xlstm_data.config.fingerprint import (
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.from_config import TrainPlan, open_train_plan
 from xlstm_data.multihost.planned_iterator import (
-    cursors_by_name,
+    cursor_by_name,
     merge_plan_states,
     saved_data_step,
 )
 from xlstm_data.plan.contents import RowContents, step_rows
-from xlstm_data.plan.streams import Cursor
+from xlstm_data.plan.global_plan import Cursor
 from xlstm_data.sources.identity import (
     IDENTITY_KEYS,
     dataset_files,
@@ -48,7 +48,7 @@ class SavedRun:
 
     Attributes:
       step: The checkpoint's training step.
-      data_step: The data step its cursors continue at.
+      data_step: The data step its cursor continues at.
       flat_config: The flattened data config it recorded.
       states: Every process's saved iterator state.
       files: The datasets' file tables (process 0 records them).
@@ -73,10 +73,9 @@ class SavedRun:
             target[parts[-1]] = value
         return nested
 
-    def cursors(self, names: Sequence[str]) -> dict[int, Cursor]:
-        """Every logical stream's cursor, merged from all processes' files."""
-        merged = merge_plan_states(self.states, 0)
-        return {int(s): Cursor.from_list(c) for s, c in cursors_by_name(merged, names).items()}
+    def cursor(self, names: Sequence[str]) -> Cursor:
+        """The plan's cursor, checked against all processes' files."""
+        return Cursor.from_list(cursor_by_name(merge_plan_states(self.states, 0), names))
 
 
 def read_saved_run(workdir: str) -> SavedRun:
@@ -173,13 +172,13 @@ def list_rows(
     processes: int,
     saved: SavedRun | None = None,
 ) -> list[RowContents]:
-    """The rows of `steps`, planned from the checkpoint's cursors when they come first."""
+    """The rows of `steps`, planned from the checkpoint's cursor when it comes first."""
     skips = opened.config.skip_steps
-    cursors = None
+    cursor = None
     same = saved is not None and _same_plan(saved, opened)
     if same and skips.data_step(steps.start) >= saved.data_step:
-        cursors = saved.cursors(opened.plan.spec.names)
-    return list(step_rows(opened.plan, steps, skips=skips, hosts=processes, cursors=cursors))
+        cursor = saved.cursor(opened.plan.spec.names)
+    return list(step_rows(opened.plan, steps, skips=skips, hosts=processes, cursor=cursor))
 
 
 def _same_plan(saved: SavedRun, opened: TrainPlan) -> bool:

@@ -225,7 +225,7 @@ def inspect_config(
         print(f"  stage {index} from step {start:>7}: {parts}", file=out)
     spec = train.plan.spec
     print(
-        f"packing: {spec.packing}; logical streams: {spec.streams}; "
+        f"packing: {spec.packing}; "
         f"block: {spec.block_documents} documents",
         file=out,
     )

@@ -200,7 +200,6 @@ class DataConfig:
     read_threads: int | None = None
     mixture_schedule: MixtureSchedule | None = None
     mixture_unit: str = "tokens"
-    logical_streams: int | None = None
     block_documents: int = DEFAULT_BLOCK_DOCUMENTS
     skip_steps: StepSkips = StepSkips()
 
@@ -365,6 +364,12 @@ def validate_data_config(config: Any) -> DataConfig:
                 "data.mixture_schedule cannot be combined with data.num_epochs (which bounds a "
                 "single dataset); bound the run by train steps"
             )
+    if d["logical_streams"] is not None:
+        raise DataConfigError(
+            f"data.logical_streams={d['logical_streams']!r}: the plan has no logical streams "
+            "any more (every host plans the whole global batch, so shares, stages and epochs "
+            "are exact over the global batch); valid: None, or leave the key out"
+        )
     return DataConfig(
         train=train,
         eval=evals,
@@ -389,7 +394,6 @@ def validate_data_config(config: Any) -> DataConfig:
         read_threads=read_threads,
         mixture_schedule=mixture_schedule,
         mixture_unit=_choice("data.mixture_unit", d["mixture_unit"], UNITS),
-        logical_streams=check_int("data.logical_streams", d["logical_streams"], 1, optional=True),
         block_documents=check_int("data.block_documents", d["block_documents"], 1),
         skip_steps=parse_skip_steps(_plain(d["skip_steps"])),
     )

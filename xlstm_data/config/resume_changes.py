@@ -5,10 +5,10 @@ before that step is what the run trained on; after it, the plan may differ.
 New mixture stages (or new weights) from the checkpoint's data step on, and
 new `data.skip_steps` ranges from it on, are accepted here; a change that
 reaches back before the checkpoint is refused, naming the first step it
-changes, unless `allow_data_config_change` allows it. Two further checks
-follow: the iterator refuses skip ranges before its data step, and
-`checkpoint` refuses new stages that would replan the rows of the packing
-block already partly trained (`earliest_exact_stage_step`).
+changes, unless `allow_data_config_change` allows it. The iterator refuses
+skip ranges before its data step. Stages are causal (`plan.mixing`): a stage
+from the checkpoint's step on changes no row before it, so such a change
+resumes exactly.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The multi-host iterator on the plan: its position is a step and V cursors.
+"""The multi-host iterator on the plan: its position is a step and one cursor.
 
 Unlike the streaming iterator, whose state is one opaque grain state per
 process, this one saves a record that does not mention hosts or workers: the
-step, the logical-stream cursors (each process saves those of its own
-streams; a restore merges all processes' files), a format version and the
-plan's batch schedule. A checkpoint therefore resumes on another number of
-processes, data hosts or workers with bitwise-identical global batches, and a
-restore at step 10^7 costs one block of planning per stream, like one at 10.
+step, the plan's cursor (the same in every process's file), a format version,
+the plan's batch schedule and the mixture in force, online updates included.
+A checkpoint therefore resumes on another number of processes, data hosts or
+workers with bitwise-identical global batches, and a restore at step 10^7
+costs one block of planning per source, like one at 10.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
-from xlstm_data.plan.mixture import MixtureSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
-from xlstm_data.plan.streams import PER_SOURCE_FIELDS, Cursor, GlobalPlan
+from xlstm_data.plan.global_plan import HEADER_FIELDS, PER_SOURCE_FIELDS, Cursor, GlobalPlan
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 
 #: Version of the planned state record; bump on format changes.
-PLAN_STATE_VERSION = 3
+PLAN_STATE_VERSION = 4
 PLAN_STATE_KIND = "plan"
 
 
@@ -122,7 +121,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
 
     # Local pipeline ----------------------------------------------------------
 
-    def _dataset(self, step: int, cursors: Mapping[int, Cursor] | None) -> grain.IterDataset:
+    def _dataset(self, step: int, cursor: Cursor | None) -> grain.IterDataset:
         batches = PlannedBatchDataset(
             self.plan,
             self._plan_sources,
@@ -130,7 +129,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             self.layout.host_count,
             self._eod_token_id,
             start_step=step,
-            cursors=cursors,
+            cursor=cursor,
             num_steps=self.iterator_length,
             read_threads=self._read_threads,
             skips=self.skips,
@@ -146,15 +145,15 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         self._stop_prefetch()
         self._close_local()
         step = 0 if state is None else int(state["step"])
-        cursors = None if state is None else _cursors_from(state)
-        self._owned.local_iterator = iter(self._dataset(step, cursors))
+        cursor = None if state is None else Cursor.from_list(state["cursor"])
+        self._owned.local_iterator = iter(self._dataset(step, cursor))
         self._stateful = False
         self._start_at(step)
         self._state_of_last = None
         if state is not None:
             self._state_of_last = {
                 "data_step": saved_data_step(state),
-                "cursors": _cursor_lists(cursors),
+                "cursor": cursor.to_list(),
             }
 
     def _produce(self) -> _Prefetched:
@@ -167,9 +166,9 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             documents=documents,
             split_documents=split,
         )
-        cursors = {int(row[0]): [int(v) for v in row[1:]] for row in element["cursors"]}
         device = form_global_batch(host, self.sharding, self.layout.host_count)
-        position = {"data_step": int(element["data_step"]) + 1, "cursors": cursors}
+        cursor = [int(v) for v in element["cursor"]]
+        position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
         return _Prefetched(host, device, position, counts)
 
     @property
@@ -222,9 +221,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         """The position after the last batch handed out (JSON-able, host-count free)."""
         position = self._state_of_last
         if position is None:  # nothing handed out since step 0
-            start = self.plan.start_cursor().to_list()
-            cursors = {s: start for s in self.plan.host_streams(*self._host())}
-            position = {"data_step": 0, "cursors": cursors}
+            position = {"data_step": 0, "cursor": self.plan.start_cursor().to_list()}
         return {
             "format_version": PLAN_STATE_VERSION,
             "kind": PLAN_STATE_KIND,
@@ -232,9 +229,8 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             # The cursors' position: the data step after the last one handed out.
             "data_step": position["data_step"],
             "skip_steps": self.skips.to_pairs(),
-            "streams": self.plan.streams,
             "sources": list(self.plan.spec.names),
-            "cursors": {str(s): list(c) for s, c in position["cursors"].items()},
+            "cursor": list(position["cursor"]),
             "batch_schedule": self.plan.spec.batch.rampup.to_pairs(),
             "mixture_schedule": self.plan.spec.mixture.to_pairs(),
             "global_batch_size": self.plan.spec.batch.global_batch_size,
@@ -245,15 +241,11 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             "data_counters": self.data_counters.to_state(),
         }
 
-    def _host(self) -> tuple[int, int]:
-        return self.layout.host_index, self.layout.host_count
-
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Continues at a saved position, on any process, host or worker count.
 
         `state` is one process's `get_state()`, or several merged with
-        `merge_plan_states` (a restore on another layout needs the cursors of
-        every stream this host reads).
+        `merge_plan_states` (every process saves the same cursor).
         """
         if is_plan_state(state) and state.get("format_version") != PLAN_STATE_VERSION:
             raise DataCheckpointError(
@@ -276,58 +268,22 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         saved_skips = StepSkips(tuple(tuple(r) for r in state.get("skip_steps", ())))
         self.skips.check_resume(saved_skips, saved_data_step(state))
         self._check_schedule(state)
-        cursors = _cursors_from(state)
-        missing = [s for s in self.plan.host_streams(*self._host()) if s not in cursors]
-        if missing:
+        if "cursor" not in state:
             raise DataCheckpointError(
-                f"the saved data position at step {step} has no cursor for logical streams "
-                f"{missing}, which data host {self.layout.host_index} of "
-                f"{self.layout.host_count} reads; the checkpoint is missing process files"
+                f"the saved data position at step {step} has no cursor; the data-state file "
+                "is corrupted"
             )
-        remapped = cursors_by_name(state, self.plan.spec.names)
-        self._restart({"step": step, "data_step": saved_data_step(state), "cursors": remapped})
+        remapped = cursor_by_name(state, self.plan.spec.names)
+        if remapped[0] != saved_data_step(state):
+            raise DataCheckpointError(
+                f"the saved data cursor is at data step {remapped[0]} but the state's data step "
+                f"is {saved_data_step(state)}; the data-state file is corrupted"
+            )
+        self._restart({"step": step, "data_step": saved_data_step(state), "cursor": remapped})
         counters = state.get("data_counters")
         if counters is not None:
             self.data_counters.set_state(counters)
         self.state_set = True
-
-    def earliest_exact_stage_step(self, state: Mapping[str, Any]) -> int | None:
-        """Where new mixture stages would have to start for a saved position to resume exactly.
-
-        Each stream's cursor is the start of the block holding the saved data
-        step. If this plan's stages plan that block's rows before the step
-        otherwise than the saved stages did, returns the first step after the
-        block (over the saved streams); None when they agree (or the saved
-        position records no stages: then nothing can be compared).
-        """
-        spec = self.plan.spec
-        saved = state.get("mixture_schedule")
-        if not saved or {n for n in saved[0][1]} != set(spec.names):
-            return None
-        old = MixtureSchedule(
-            spec.names,
-            tuple(int(start) for start, _ in saved),
-            tuple(tuple(float(weights[n]) for n in spec.names) for _, weights in saved),
-        )
-        if old == spec.mixture:
-            return None
-        old_plan = GlobalPlan(dataclasses.replace(spec, mixture=old), self.plan.lengths)
-        row, _ = self.plan.stream_rows(saved_data_step(state))
-        latest = None
-        for stream, cursor in _cursors_from(
-            {"cursors": cursors_by_name(state, spec.names)}
-        ).items():
-            trained = row - cursor.row
-            if trained <= 0:  # the checkpoint is at the block's start: nothing trained of it
-                continue
-            before, following, _ = old_plan.plan_block(stream, cursor)
-            after, _, _ = self.plan.plan_block(stream, cursor)
-            if after.rows < trained or not before.row_slice(0, trained).equals(
-                after.row_slice(0, trained)
-            ):
-                end = old_plan.step_of_stream_row(following.row - 1) + 1
-                latest = end if latest is None else max(latest, end)
-        return latest
 
     def _check_schedule(self, state: Mapping[str, Any]) -> None:
         step = saved_data_step(state)  # ramp-up stages are data steps
@@ -346,33 +302,25 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"{mine.global_batch_size_at(first)}); only stages after the checkpoint's step "
                 f"{step} may change"
             )
-        streams = int(state["streams"])
-        if streams != self.plan.streams:
-            raise DataCheckpointError(
-                f"the checkpoint's plan has {streams} logical streams but this run's has "
-                f"{self.plan.streams}; set data.logical_streams={streams} to resume it"
-            )
 
 
 def merge_plan_states(states: Sequence[Mapping[str, Any]], process_index: int) -> dict[str, Any]:
-    """One state with every stream's cursor, from the files of all saving processes.
+    """One state from the files of all saving processes (they must agree).
 
-    The processes' steps must agree. Data counters are this process's if it
-    saved one (same index), else started over (they are per-process totals).
+    Data counters are this process's if it saved one (same index), else
+    started over (they are per-process totals).
     """
     steps = sorted({int(s["step"]) for s in states})
     if len(steps) != 1:
         raise DataCheckpointError(f"the processes' saved data steps disagree: {steps}")
     merged: dict[str, Any] = dict(states[0])
-    cursors: dict[str, list[int]] = {}
-    for state in states:
-        for stream, cursor in state["cursors"].items():
-            if cursors.setdefault(stream, cursor) != cursor:
-                raise DataCheckpointError(
-                    f"two processes saved different cursors for logical stream {stream} at "
-                    f"step {steps[0]}: {cursors[stream]} and {cursor}"
-                )
-    merged["cursors"] = cursors
+    for state in states[1:]:
+        if state.get("cursor") != merged.get("cursor"):
+            raise DataCheckpointError(
+                f"two processes saved different data cursors at step {steps[0]}: "
+                f"{merged.get('cursor')} (process {merged.get('process_index')}) and "
+                f"{state.get('cursor')} (process {state.get('process_index')})"
+            )
     own = [s for s in states if int(s["process_index"]) == process_index]
     same_layout = own and int(own[0]["process_count"]) == len(states)
     merged["data_counters"] = own[0].get("data_counters") if same_layout else None
@@ -381,30 +329,27 @@ def merge_plan_states(states: Sequence[Mapping[str, Any]], process_index: int) -
     return merged
 
 
-def cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str, list[int]]:
-    """The saved cursors with their per-dataset counts in this plan's dataset order.
+def cursor_by_name(state: Mapping[str, Any], names: Sequence[str]) -> list[int]:
+    """The saved cursor with its per-dataset values in this plan's dataset order.
 
-    A cursor's counts follow the saving run's datasets (`state["sources"]`);
+    A cursor's values follow the saving run's datasets (`state["sources"]`);
     an allowed change of the datasets (one added, or one whose weight became 0
     in every stage and is no longer read) must not hand one dataset's position
     to another. A dataset new to the plan starts at its beginning.
     """
     saved = list(state.get("sources") or names)
-    fields = len(PER_SOURCE_FIELDS)
-    width = 2 + fields * len(saved)
-    out = {}
-    for stream, values in state["cursors"].items():
-        if len(values) != width:
-            raise DataCheckpointError(
-                f"the saved cursor of logical stream {stream} holds {len(values)} values, not "
-                f"{width} for the datasets {saved}; the data-state file is corrupted"
-            )
-        remapped = list(values[:2])
-        for f, (_, default) in enumerate(PER_SOURCE_FIELDS):
-            start = 2 + f * len(saved)
-            by_name = dict(zip(saved, values[start : start + len(saved)], strict=True))
-            remapped += [by_name.get(name, default) for name in names]
-        out[stream] = remapped
+    values = list(state["cursor"])
+    width = HEADER_FIELDS + len(PER_SOURCE_FIELDS) * len(saved)
+    if len(values) != width:
+        raise DataCheckpointError(
+            f"the saved data cursor holds {len(values)} values, not {width} for the datasets "
+            f"{saved}; the data-state file is corrupted"
+        )
+    remapped = values[:HEADER_FIELDS]
+    for f, (_, default) in enumerate(PER_SOURCE_FIELDS):
+        start = HEADER_FIELDS + f * len(saved)
+        by_name = dict(zip(saved, values[start : start + len(saved)], strict=True))
+        remapped += [by_name.get(name, default) for name in names]
     added, dropped = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
     if added or dropped:
         logging.warning(
@@ -412,17 +357,9 @@ def cursors_by_name(state: Mapping[str, Any], names: Sequence[str]) -> dict[str,
             added or "none",
             dropped or "none",
         )
-    return out
+    return remapped
 
 
 def saved_data_step(state: Mapping[str, Any]) -> int:
     """The data step a saved position continues at (its step, before skips existed)."""
     return int(state.get("data_step", state["step"]))
-
-
-def _cursors_from(state: Mapping[str, Any]) -> dict[int, Cursor]:
-    return {int(s): Cursor.from_list(c) for s, c in state["cursors"].items()}
-
-
-def _cursor_lists(cursors: Mapping[int, Cursor]) -> dict[int, list[int]]:
-    return {s: c.to_list() for s, c in cursors.items()}

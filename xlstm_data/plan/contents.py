@@ -3,8 +3,8 @@
 After a loss spike the question is which documents were in the steps before
 it. The plan answers from document lengths alone, for any step, without
 reading any data and without a running iterator: a planner over the whole
-global batch (one "host") walks the logical streams forward to the step,
-from their start or from a checkpoint's cursors. The rows it lists are the
+global batch (one "host") walks the plan forward to the step, from its
+start or from a checkpoint's cursor. The rows it lists are the
 rows the iterator hands out at that step, on any number of processes; which
 data host (and so which process) holds a row follows from the host count.
 """
@@ -12,11 +12,11 @@ data host (and so which process) holds a row follows from the host count.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
-from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.plan.global_plan import Cursor, GlobalPlan, HostPlanner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,7 @@ def step_rows(
     *,
     skips: StepSkips = NO_SKIPS,
     hosts: int = 1,
-    cursors: Mapping[int, Cursor] | None = None,
+    cursor: Cursor | None = None,
 ) -> Iterator[RowContents]:
     """The rows of each training step in `steps` (increasing), with their pieces.
 
@@ -90,13 +90,13 @@ def step_rows(
       steps: Training steps, increasing.
       skips: The run's skipped steps (`data.skip_steps`).
       hosts: Data hosts the rows are dealt to (one per process, usually).
-      cursors: Every stream's cursor at a data step at or before the first
-        step's (a checkpoint's), or None to plan from step 0.
+      cursor: The plan's cursor at a data step at or before the first step's
+        (a checkpoint's), or None to plan from step 0.
     """
     steps = list(steps)
     check_host_count(plan, skips, steps, hosts)
     num_steps = plan.num_steps()
-    planner = HostPlanner(plan, 0, 1, cursors)
+    planner = HostPlanner(plan, 0, 1, cursor)
     names = plan.spec.names
     offset = 1 if plan.spec.shift and not plan.spec.shift_target else 0
     for step in steps:

@@ -4,16 +4,16 @@ Element i is the host's batch at training step `start_step + i`, computed from
 the plan at that step's data step (they differ only after `data.skip_steps`):
 the host's rows' pieces, read and assembled. With worker processes
 (`mp_prefetch`), grain deals worker w the steps w, w + W, ...; each worker
-plans its streams forward on its own, so the batches never depend on the
-worker count. Each element also carries, beside the batch, the cursors that
-resume this host's streams at the *next* step and the tokens per source, so
-the iterator in the main process knows its position without planning.
+walks the plan forward on its own, so the batches never depend on the
+worker count. Each element also carries, beside the batch, the cursor that
+resumes the plan at the *next* step and the tokens per source, so the
+iterator in the main process knows its position without planning.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent import futures
 from typing import Any
 
@@ -21,7 +21,7 @@ import grain
 import numpy as np
 
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
-from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.plan.global_plan import Cursor, GlobalPlan, HostPlanner
 from xlstm_data.reading.row_assembly import assemble_rows
 
 
@@ -35,8 +35,8 @@ class PlannedBatchDataset(grain.MapDataset):
       host_count: Data hosts.
       eod_token_id: Appended to every document.
       start_step: The first training step (a restored position).
-      cursors: Cursors of this host's streams at or before the data step of
-        `start_step` (None: at data step 0).
+      cursor: The plan's position at or before the data step of `start_step`
+        (None: at data step 0).
       num_steps: Training steps of a finite run (None: endless).
       read_threads: Threads reading a batch's documents (0: the calling thread).
       skips: Data steps skipped (`data.skip_steps`).
@@ -51,7 +51,7 @@ class PlannedBatchDataset(grain.MapDataset):
         eod_token_id: int,
         *,
         start_step: int = 0,
-        cursors: Mapping[int, Cursor] | None = None,
+        cursor: Cursor | None = None,
         num_steps: int | None = None,
         read_threads: int = 0,
         skips: StepSkips = NO_SKIPS,
@@ -63,7 +63,7 @@ class PlannedBatchDataset(grain.MapDataset):
         self._host_count = host_count
         self._eod = eod_token_id
         self._start_step = start_step
-        self._cursors = dict(cursors) if cursors is not None else None
+        self._cursor = cursor
         self._num_steps = num_steps
         self._read_threads = read_threads
         self._skips = skips
@@ -110,7 +110,7 @@ class PlannedBatchDataset(grain.MapDataset):
         step = self._skips.data_step(self._start_step + int(index))
         if self._planner is None:
             self._planner = HostPlanner(
-                self._plan, self._host_index, self._host_count, self._cursors
+                self._plan, self._host_index, self._host_count, self._cursor
             )
         if self._executor is None and self._read_threads > 1:
             self._executor = futures.ThreadPoolExecutor(self._read_threads)
@@ -135,7 +135,7 @@ class PlannedBatchDataset(grain.MapDataset):
             "source_tokens": np.bincount(
                 pieces.source, weights=pieces.stop - pieces.start, minlength=len(spec.names)
             ).astype(np.int64),
-            "cursors": planner.cursor_table_at(step + 1),
+            "cursor": np.asarray(planner.cursor_at(step + 1).to_list(), dtype=np.int64),
         }
 
     def __str__(self) -> str:

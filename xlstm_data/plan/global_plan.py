@@ -1,0 +1,412 @@
+"""The global plan: every step's rows, from a cursor, on any host.
+
+The plan walks steps in order. At each step the mixture (`mixing`) chooses
+how many of the next rows of each source's row sequence (`source_rows`) fill
+the global batch, in the order the fair queue serves them; row j of the step
+is the j-th chosen row. The position after any step is one small `Cursor`
+(per source: block start, rows taken of it, units served in the stage), the
+same for every host: it is what a checkpoint saves, and a restore on any
+number of hosts continues from it with bitwise-identical global batches.
+
+Every host computes the whole step (which source fills each row needs every
+source's row sizes) but gathers only its own rows' pieces. Planning is on
+lengths alone: a block of 2048 documents packs in under a millisecond, so
+even a world of many hosts costs each one a small fraction of a core (see
+bench/plan for the measured share). The plan no longer has logical streams:
+they let hosts plan a slice each, but made shares exact only per stream and
+epochs end at different steps on different streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.plan.mixing import merged_sources
+from xlstm_data.plan.mixture import MixtureSchedule
+from xlstm_data.plan.order import SourceOrder
+from xlstm_data.plan.pieces import Pieces, example_tokens
+from xlstm_data.plan.source_rows import RowWalker, SourceRows, SourceRowsSpec
+from xlstm_data.plan.spec import PlanSpec
+
+#: Global rows a `HostPlanner` plans at once (whole steps, one batch size and
+#: one mixture stage): per step a host batch is then one slice. Slicing and
+#: joining rows every step was 15 % of the pipeline's CPU (cProfile, rows of
+#: 1024, host batch 8). Counted globally, so a first batch never waits for
+#: many steps of a large world.
+WINDOW_ROWS = 1024
+
+#: The per-source fields of a cursor's list form, in order, with their value
+#: for a source the cursor does not know (a dataset added on resume).
+PER_SOURCE_FIELDS = (("position", 0), ("row", 0), ("served", 0))
+#: Values before the per-source fields: step, stage start.
+HEADER_FIELDS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Cursor:
+    """The plan's position before data step `step`.
+
+    Attributes:
+      step: The next data step.
+      stage_start: First step of the mixture stage `served` counts belong to.
+      position: Per source, the start of the block its next row is in.
+      row: Per source, rows of that block already served.
+      served: Per source, units (tokens or documents) served since `stage_start`.
+    """
+
+    step: int
+    stage_start: int
+    position: tuple[int, ...]
+    row: tuple[int, ...]
+    served: tuple[int, ...]
+
+    def to_list(self) -> list[int]:
+        return [self.step, self.stage_start, *self.position, *self.row, *self.served]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> Cursor:
+        values = [int(v) for v in values]
+        n = (len(values) - HEADER_FIELDS) // len(PER_SOURCE_FIELDS)
+        if n < 1 or HEADER_FIELDS + n * len(PER_SOURCE_FIELDS) != len(values):
+            raise DataCheckpointError(
+                f"a saved data cursor holds {len(values)} values, which is not "
+                f"{HEADER_FIELDS} + {len(PER_SOURCE_FIELDS)} per dataset; the data-state file "
+                "is corrupted"
+            )
+        fields = [
+            tuple(values[HEADER_FIELDS + f * n : HEADER_FIELDS + (f + 1) * n])
+            for f in range(len(PER_SOURCE_FIELDS))
+        ]
+        return cls(values[0], values[1], *fields)
+
+
+class GlobalPlan:
+    """The plan of one run: a pure function of the spec and the document lengths.
+
+    Args:
+      spec: The validated spec.
+      lengths: Per source (in `spec.names` order), every document's token count.
+    """
+
+    def __init__(self, spec: PlanSpec, lengths: Sequence[np.ndarray], _orders=None):
+        if len(lengths) != len(spec.names):
+            raise ValueError(f"{len(lengths)} length arrays for {len(spec.names)} sources")
+        self.spec = spec
+        self.lengths = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in lengths]
+        means = []
+        for name, array in zip(spec.names, self.lengths, strict=True):
+            if len(array) == 0:
+                raise DataConfigError(f"data.train.{name} has no documents")
+            mean = float(example_tokens(np.asarray(array.mean()), spec.shift, spec.shift_target))
+            if mean <= 0:
+                raise DataConfigError(f"data.train.{name} has only empty documents")
+            means.append(mean)
+        self.mean_tokens = np.asarray(means)
+        self.orders = _orders or [
+            SourceOrder(len(array), spec.seed, name, spec.shuffle)
+            for name, array in zip(spec.names, self.lengths, strict=True)
+        ]
+        self.sources = [
+            SourceRows(self._rows_spec(i), self.lengths[i], self.orders[i])
+            for i in range(len(spec.names))
+        ]
+        self._total_rows: int | None = None
+
+    def _rows_spec(self, index: int) -> SourceRowsSpec:
+        spec = self.spec
+        end = None
+        if spec.num_epochs is not None:
+            end = len(self.lengths[index]) * spec.num_epochs
+        return SourceRowsSpec(
+            index=index,
+            name=spec.names[index],
+            row_length=spec.row_length,
+            packing=spec.packing,
+            shift=spec.shift,
+            shift_target=spec.shift_target,
+            seed=spec.seed,
+            shuffle=spec.shuffle,
+            block_documents=spec.block_documents,
+            unit=spec.mixture_unit,
+            end=end,
+        )
+
+    def with_mixture(self, mixture: MixtureSchedule) -> GlobalPlan:
+        """The same plan with other mixture stages (rows before they differ are equal)."""
+        spec = dataclasses.replace(self.spec, mixture=mixture)
+        return GlobalPlan(spec, self.lengths, _orders=self.orders)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Worker processes get memory-mapped lengths as their file, not a copy."""
+        return {
+            "spec": self.spec,
+            "lengths": [_MappedLengths.wrap(array) for array in self.lengths],
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        lengths = [
+            array.open() if isinstance(array, _MappedLengths) else array
+            for array in state["lengths"]
+        ]
+        self.__init__(state["spec"], lengths)
+
+    def token_shares(self, stage: int) -> np.ndarray:
+        """Each source's planned share of the tokens in a mixture stage."""
+        weights = np.asarray(self.spec.mixture.weights[stage], dtype=np.float64)
+        if self.spec.mixture_unit == "documents":
+            weights = weights * self.mean_tokens
+        return weights / weights.sum()
+
+    def start_cursor(self) -> Cursor:
+        n = len(self.spec.names)
+        return Cursor(0, 0, (0,) * n, (0,) * n, (0,) * n)
+
+    def stage_start_at(self, step: int) -> int:
+        mixture = self.spec.mixture
+        return mixture.starts[mixture.stage_at(step)]
+
+    # Finite runs ------------------------------------------------------------
+
+    def total_rows(self) -> int:
+        """Rows of a finite run (plans every block once)."""
+        if self.spec.num_epochs is None:
+            raise ValueError("an endless run has no total")
+        if self._total_rows is None:
+            total = 0
+            for rows in self.sources:
+                start = 0
+                while not rows.ended(start):
+                    block = rows.block(start)
+                    total += block.pieces.rows
+                    start = block.end
+            self._total_rows = total
+        return self._total_rows
+
+    def num_steps(self) -> int | None:
+        """Global steps of a finite run (exact, packing included); None if endless."""
+        if self.spec.num_epochs is None:
+            return None
+        total = self.total_rows()
+        batch = self.spec.batch
+        if self.spec.drop_remainder:
+            return batch.step_for_examples(total + 1) - 1
+        return batch.step_for_examples(total)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """Steps `[first, first + steps)` of the global plan (one batch size, one stage).
+
+    Attributes:
+      source: int32[steps, batch], the source of each row (-1: past a finite end).
+      rank: int64[steps, batch], its row in that source's walker.
+      taken: int64[steps + 1, sources], walker rows taken before each step.
+      served: int64[steps + 1, sources], units served in the stage before each step.
+    """
+
+    first: int
+    steps: int
+    stage_start: int
+    source: np.ndarray
+    rank: np.ndarray
+    taken: np.ndarray
+    served: np.ndarray
+
+
+class StepWalker:
+    """Walks the global plan step by step from a cursor (forward only)."""
+
+    def __init__(self, plan: GlobalPlan, cursor: Cursor):
+        self.plan = plan
+        self.walkers = [
+            RowWalker(rows, cursor.position[i], cursor.row[i])
+            for i, rows in enumerate(plan.sources)
+        ]
+        self.start = cursor
+        #: Before the next window: its step, the stage of `served`, units served, rows taken.
+        self.next_step = cursor.step
+        self._stage_start = cursor.stage_start
+        self._served = np.asarray(cursor.served, dtype=np.int64)
+        self._taken = np.zeros(len(plan.sources), dtype=np.int64)
+
+    def window(self, max_rows: int) -> _Window:
+        """Plans the next steps, up to `max_rows` global rows (at least one step)."""
+        plan = self.plan
+        spec = plan.spec
+        step = self.next_step
+        batch = spec.batch.global_batch_size_at(step)
+        steps = max(1, max_rows // batch)
+        for boundary in (spec.batch.next_boundary(step), _next_start(spec.mixture, step)):
+            if boundary is not None:
+                steps = min(steps, boundary - step)
+        stage_start = plan.stage_start_at(step)
+        served = self._served if stage_start == self._stage_start else 0 * self._served
+        weights = spec.mixture.weights[spec.mixture.stage_at(step)]
+        for walker, taken in zip(self.walkers, self._taken.tolist(), strict=True):
+            walker.release(taken)
+        base = self._taken
+
+        def units_of(source: int, count: int) -> np.ndarray:
+            return self.walkers[source].units(int(base[source]), count)
+
+        source = merged_sources(weights, served.tolist(), units_of, steps * batch)
+        source = source.reshape(steps, batch)
+        n = len(self.walkers)
+        rank = np.zeros(source.shape, dtype=np.int64)
+        counts = np.zeros((steps, n), dtype=np.int64)
+        units_served = np.zeros((steps, n), dtype=np.int64)
+        flat = source.reshape(-1)
+        for i in range(n):
+            mine = flat == i
+            k = int(mine.sum())
+            if not k:
+                continue
+            rank.reshape(-1)[mine] = base[i] + np.arange(k)
+            counts[:, i] = mine.reshape(steps, batch).sum(axis=1)
+            units = units_of(i, k)
+            ends = np.cumsum(counts[:, i])
+            sums = np.concatenate([[0], np.cumsum(units)])
+            units_served[:, i] = sums[ends] - sums[ends - counts[:, i]]
+        taken = base + np.concatenate([np.zeros((1, n), np.int64), np.cumsum(counts, axis=0)])
+        served_at = served + np.concatenate(
+            [np.zeros((1, n), np.int64), np.cumsum(units_served, axis=0)]
+        )
+        window = _Window(step, steps, stage_start, source, rank, taken, served_at)
+        self.next_step, self._stage_start = step + steps, stage_start
+        self._served, self._taken = served_at[-1], taken[-1]
+        return window
+
+    def cursor(self, window: _Window, step: int) -> Cursor:
+        """The cursor before `step`, a step of `window` or the one after it."""
+        k = step - window.first
+        if not 0 <= k <= window.steps:
+            raise ValueError(f"step {step} is not in the window at {window.first}")
+        positions = [w.position(int(r)) for w, r in zip(self.walkers, window.taken[k], strict=True)]
+        return Cursor(
+            step,
+            window.stage_start,
+            tuple(p for p, _ in positions),
+            tuple(r for _, r in positions),
+            tuple(int(v) for v in window.served[k]),
+        )
+
+    def host_pieces(self, window: _Window, lo: int, count: int) -> Pieces:
+        """Rows `[lo, lo + count)` of every step of the window, step after step."""
+        source = window.source[:, lo : lo + count].reshape(-1)
+        rank = window.rank[:, lo : lo + count].reshape(-1)
+        parts, order = [], np.empty(len(source), dtype=np.int64)
+        base = 0
+        for i in [*range(len(self.walkers)), -1]:
+            mine = np.flatnonzero(source == i)
+            if not len(mine):
+                continue
+            if i < 0:
+                parts.append(Pieces.empty_rows(len(mine)))
+            else:
+                parts.append(self.walkers[i].pieces(rank[mine]))
+            order[mine] = base + np.arange(len(mine))
+            base += len(mine)
+        joined = Pieces.concat(parts)
+        if len(parts) == 1:
+            return joined
+        return joined.take_rows(order)
+
+
+def _next_start(mixture: MixtureSchedule, step: int) -> int | None:
+    stage = mixture.stage_at(step)
+    return mixture.starts[stage + 1] if stage + 1 < len(mixture.starts) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostWindow:
+    window: _Window
+    rows_per_step: int
+    pieces: Pieces
+
+
+class HostPlanner:
+    """A data host's rows of each step (steps asked for in increasing order).
+
+    Args:
+      plan: The global plan.
+      host_index: This data host.
+      host_count: Data hosts; must divide every stage's global batch.
+      cursor: The position to start at (a restored one), or None for step 0.
+    """
+
+    def __init__(
+        self, plan: GlobalPlan, host_index: int, host_count: int, cursor: Cursor | None = None
+    ):
+        self.plan = plan
+        self.host_index = host_index
+        self.host_count = host_count
+        self._walker = StepWalker(plan, cursor or plan.start_cursor())
+        self._current: _HostWindow | None = None
+
+    def host_rows(self, step: int) -> tuple[int, int]:
+        """`(first global row, rows)` of this host at `step`."""
+        per_host = self.plan.spec.batch.global_batch_size_at(step) // self.host_count
+        return self.host_index * per_host, per_host
+
+    def _window_of(self, step: int, end_inclusive: bool = False) -> _HostWindow:
+        """The window holding `step` (or ending right before it, with `end_inclusive`)."""
+        current = self._current
+        while True:
+            first = self._walker.next_step if current is None else current.window.first
+            if step < first:
+                raise DataCheckpointError(
+                    f"the plan was asked for data step {step}, before its position at step "
+                    f"{first}; a planner only moves forward"
+                )
+            if current is not None:
+                end = first + current.window.steps
+                if step < end or (end_inclusive and step == end):
+                    return current
+            lo, count = self.host_rows(self._walker.next_step)
+            window = self._walker.window(WINDOW_ROWS)
+            pieces = self._walker.host_pieces(window, lo, count)
+            current = self._current = _HostWindow(window, count, pieces)
+
+    def pieces_at(self, step: int) -> Pieces:
+        """This host's rows of the global batch at `step`, in row order."""
+        current = self._window_of(step)
+        first = (step - current.window.first) * current.rows_per_step
+        return current.pieces.row_slice(first, first + current.rows_per_step)
+
+    def cursor_at(self, step: int) -> Cursor:
+        """The cursor that resumes the plan at `step` (the same on every host)."""
+        if self._current is None and step == self._walker.start.step:
+            return self._walker.start
+        current = self._window_of(step, end_inclusive=True)
+        return self._walker.cursor(current.window, step)
+
+    def sources_at(self, step: int) -> np.ndarray:
+        """The source of each row of the global batch at `step` (-1: padding)."""
+        current = self._window_of(step)
+        return current.window.source[step - current.window.first]
+
+
+@dataclasses.dataclass(frozen=True)
+class _MappedLengths:
+    """A memory-mapped lengths array, pickled as its file (re-mapped on load)."""
+
+    filename: str
+    dtype: str
+    offset: int
+    shape: tuple[int, ...]
+
+    @classmethod
+    def wrap(cls, array: np.ndarray) -> np.ndarray | _MappedLengths:
+        if not isinstance(array, np.memmap) or array.filename is None:
+            return array
+        return cls(array.filename, array.dtype.str, array.offset, array.shape)
+
+    def open(self) -> np.ndarray:
+        return np.memmap(
+            self.filename, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape
+        )
