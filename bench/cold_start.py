@@ -105,7 +105,7 @@ class SparseSource:
 
 
 def _plan(lengths: np.ndarray) -> Any:
-    from xlstm_data.plan.streams import GlobalPlan
+    from xlstm_data.plan.global_plan import GlobalPlan
 
     spec = common.plan_spec(("web",), {"web": 1.0}, BATCH_SIZE, ROW_LENGTH)
     return GlobalPlan(spec, [lengths])
@@ -113,7 +113,7 @@ def _plan(lengths: np.ndarray) -> Any:
 
 def first_batch_file(documents: int) -> tuple[Path, np.ndarray]:
     """The ArrayRecord file of the documents the first batch reads, and their indices."""
-    from xlstm_data.plan.streams import HostPlanner
+    from xlstm_data.plan.global_plan import HostPlanner
     from xlstm_data.sources import write_array_record
 
     index = lengths_index(documents)

@@ -373,7 +373,7 @@ def plan_spec(
     """The config path's `PlanSpec` for these sources: token weights, targets shifted left."""
     from xlstm_data.config.rampup import BatchSizeSchedule
     from xlstm_data.plan.mixture import parse_mixture_schedule
-    from xlstm_data.plan.spec import PlanSpec, auto_streams
+    from xlstm_data.plan.spec import PlanSpec
 
     names = tuple(names)
     return PlanSpec(
@@ -387,7 +387,6 @@ def plan_spec(
         seed=0,
         shuffle=True,
         batch=BatchSizeSchedule(batch_size, None),
-        streams=auto_streams([batch_size]),
     )
 
 

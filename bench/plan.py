@@ -3,22 +3,22 @@
 Its throughput against grain, the read ceiling and the old pipeline is
 `plan_throughput`'s.
 
-- **Resume cost.** From cursors at step s to the first assembled batch, at
-  steps 10 and 10^7. The cursors at 10^7 are synthetic but consistent (the
-  row of that step, documents taken in proportion): planning from a cursor
+- **Resume cost.** From the cursor at step s to the first assembled batch, at
+  steps 10 and 10^7. The cursor at 10^7 is synthetic but consistent (a block
+  start in proportion to the rows before that step): planning from a cursor
   costs the same whatever its values.
 - **Planning cost per host.** Milliseconds of planning per step for data host
   0 as the simulated host count grows from 1 to 512 at a fixed 8 rows per host
-  (the global batch grows with the hosts), with the logical streams capped at
-  64 as in the config path.
+  (the global batch grows with the hosts). Every host plans which source fills
+  each row of the global batch, so this grows with the world's rows per step.
 - **Planning's share of the pipeline's CPU** (target < 5 %). The host
   pipeline (`PlannedBatchDataset`: plan, read, assemble) on the lognormal
   ArrayRecord corpus, rows of 1024, host batch 8, in this process; the CPU
-  spent in the host planner (`pieces_at`, `cursor_table_at`: block planning,
+  spent in the host planner (`pieces_at`, `cursor_at`: block planning,
   windows, cursors) over the CPU of the whole element. Stride 1 is the
   pipeline without workers, where the target applies as measured. Stride W
   is one of W worker processes, which gets every W-th step but plans every
-  block of its streams: its share of its own CPU is reported without a
+  block: its share of its own CPU is reported without a
   target, since with workers the pipeline's CPU also counts the main
   process (transfers, unpickling); see bench/README.md.
 """
@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from xlstm_data.plan import streams
-from xlstm_data.plan.streams import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.plan import global_plan
+from xlstm_data.plan.global_plan import Cursor, GlobalPlan, HostPlanner
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources import ArrayRecordSource
 
@@ -50,13 +50,13 @@ def _synthetic_lengths(documents: int) -> np.ndarray:
 
 
 def _resume_secs(plan: GlobalPlan, step: int, repeats: int) -> dict[str, Any]:
-    first_row, _ = plan.stream_rows(step)
-    documents = first_row * SEQ_LEN * 0.98 / float(plan.mean_tokens[0])
-    cursor = Cursor(int(documents // 2048), first_row, (int(documents),), (0,), ((-1, 0),))
+    rows = plan.spec.batch.examples_seen(step)
+    documents = rows * SEQ_LEN * 0.98 / float(plan.mean_tokens[0])
+    cursor = Cursor(step, 0, (int(documents // 2048) * 2048,), (0,), (0,))
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        planner = HostPlanner(plan, 0, 1, dict.fromkeys(range(plan.streams), cursor))
+        planner = HostPlanner(plan, 0, 1, cursor)
         planner.pieces_at(step)
         times.append(time.perf_counter() - started)
     return common.summarize(times)
@@ -75,7 +75,7 @@ def _planning_ms_per_step(lengths: np.ndarray, hosts: int, steps: int) -> float:
 def _planner_cpu() -> Iterator[list[float]]:
     """CPU seconds spent in `HostPlanner`'s per-step calls while the context is open."""
     spent = [0.0]
-    originals = {name: getattr(HostPlanner, name) for name in ("pieces_at", "cursor_table_at")}
+    originals = {name: getattr(HostPlanner, name) for name in ("pieces_at", "cursor_at")}
 
     def timed(original):
         def call(self, step):
@@ -89,11 +89,11 @@ def _planner_cpu() -> Iterator[list[float]]:
 
     try:
         for name, original in originals.items():
-            setattr(streams.HostPlanner, name, timed(original))
+            setattr(global_plan.HostPlanner, name, timed(original))
         yield spent
     finally:
         for name, original in originals.items():
-            setattr(streams.HostPlanner, name, original)
+            setattr(global_plan.HostPlanner, name, original)
 
 
 def _planning_share(steps: int, stride: int, repeats: int, tiny: bool) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from bench import common
+from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.pieces import example_tokens
-from xlstm_data.plan.streams import GlobalPlan, HostPlanner
 
 NAME = "plan_packing"
 MODES = ("best_fit", "first_fit", "concat", "none")

@@ -41,7 +41,7 @@ import numpy as np
 
 from bench import common, throughput
 from xlstm_data.multihost.planned_iterator import PlannedDataIterator
-from xlstm_data.plan.streams import GlobalPlan
+from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan_throughput"

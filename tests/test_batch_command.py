@@ -124,7 +124,7 @@ def test_decode_prints_the_documents_text(tmp_path, capsys):
             line = lines[piece["document"]]
             first, last = piece["start"], min(piece["stop"], len(line))
             assert piece["text"] == line[first:last]
-            assert f'text#{piece["document"]}: {json.dumps(line[first:last])}' in printed
+            assert f"text#{piece['document']}: {json.dumps(line[first:last])}" in printed
             whole += piece["start"] == 0 and piece["stop"] == 16
     assert whole  # a row that starts with a document's first 16 characters
 

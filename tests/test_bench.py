@@ -185,3 +185,17 @@ def test_device_overlap(results):
 def test_unknown_benchmark_is_refused(capsys):
     assert run.main(["no_such_benchmark", "--tiny"]) == 2
     assert "unknown benchmark(s) ['no_such_benchmark']; choose from" in capsys.readouterr().err
+
+
+def test_plan_mixture(results):
+    result = _load(results, "plan_mixture")
+    assert set(result["scenarios"]) == {
+        "two_stages",
+        "rampup_short_stages",
+        "one_stage",
+        "small_source_many_hosts",
+        "short_and_long_1_to_1",
+    }
+    for figures in result["scenarios"].values():
+        for stage in figures["stages"]:
+            assert abs(sum(stage["served"]) - 1) < 1e-9

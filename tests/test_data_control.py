@@ -7,7 +7,6 @@ checked by the training-run tests (tests/test_train_resume.py).
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 import orbax.checkpoint as ocp

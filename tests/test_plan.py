@@ -15,11 +15,11 @@ import pytest
 from xlstm_data.batch import LLM_BATCH_FIELDS
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
+from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.packing import MODES, packing_mode
 from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
-from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.spec import PlanSpec
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources import InMemorySource, SyntheticSource

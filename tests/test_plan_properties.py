@@ -27,9 +27,7 @@ from xlstm_data.plan.pieces import Pieces, example_tokens
 from xlstm_data.plan.spec import PlanSpec
 
 NAMES = ("a", "b", "c")
-SETTINGS = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -200,3 +198,39 @@ def test_a_source_smaller_than_a_block_is_served_once_per_epoch():
                 assert (served <= (epoch + 1) * size).all(), step
                 epoch = int((served // size).min())
     assert epoch >= 1  # the test crossed into the second epoch
+
+
+def test_an_eval_pass_is_dense_ordered_and_serves_every_token_once():
+    """12 held-out documents of ~20k tokens, batches of 16 x 128 (it was 410 batches for 153)."""
+    from xlstm_data.config.data_config import validate_data_config
+    from xlstm_data.from_config import eval_plan_spec
+
+    rng = np.random.default_rng(4)
+    lengths = rng.lognormal(np.log(20_000), 0.3, 12).astype(np.int64)
+    cfg = validate_data_config(
+        {
+            "train": {"t": {"kind": "synthetic", "num_documents": 10}},
+            "eval": {"held_out": {"kind": "synthetic", "num_documents": 12}},
+            "global_batch_size": 16,
+            "max_target_length": 128,
+        }
+    )
+    plan = GlobalPlan(eval_plan_spec(cfg, "held_out"), [lengths])
+    steps = plan.num_steps()
+    sizes = example_tokens(lengths, True, True)
+    assert steps <= 1.05 * np.ceil(sizes.sum() / (16 * 128)) + 1, steps
+    for hosts in (1, 2, 4):
+        planners = [HostPlanner(plan, h, hosts) for h in range(hosts)]
+        batches = [Pieces.concat([p.pieces_at(s) for p in planners]) for s in range(steps)]
+        served = np.zeros(len(lengths), dtype=np.int64)
+        empty_seen = False
+        for pieces in batches:
+            np.add.at(served, pieces.document, pieces.stop - pieces.start)
+            for row in range(pieces.rows):
+                empty = pieces.row_offsets[row] == pieces.row_offsets[row + 1]
+                assert not (empty_seen and not empty), "a padding row before real rows"
+                empty_seen |= bool(empty)
+        np.testing.assert_array_equal(served, sizes)  # every token exactly once
+        assert batches[0].row_list(0)[0][1] == 0  # the pass opens with the first document
+        firsts = [int(p.document[p.start == 0].min()) for p in batches if (p.start == 0).any()]
+        assert firsts == sorted(firsts)  # documents begin in corpus order

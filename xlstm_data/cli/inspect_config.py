@@ -225,8 +225,7 @@ def inspect_config(
         print(f"  stage {index} from step {start:>7}: {parts}", file=out)
     spec = train.plan.spec
     print(
-        f"packing: {spec.packing}; "
-        f"block: {spec.block_documents} documents",
+        f"packing: {spec.packing}; block: {spec.block_documents} documents",
         file=out,
     )
     opened = {f"data.train.{name}": source for name, source in train.sources.items()}

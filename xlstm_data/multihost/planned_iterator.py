@@ -28,8 +28,8 @@ from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
-from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.global_plan import HEADER_FIELDS, PER_SOURCE_FIELDS, Cursor, GlobalPlan
+from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 

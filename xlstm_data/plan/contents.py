@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 from xlstm_data.errors import DataConfigError
-from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 
 
 @dataclasses.dataclass(frozen=True)

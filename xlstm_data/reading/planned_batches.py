@@ -20,8 +20,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan, HostPlanner
+from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.row_assembly import assemble_rows
 
 
