@@ -87,22 +87,8 @@ def _scenarios(tiny: bool) -> dict[str, dict[str, Any]]:
     }
 
 
-def _serve(served, epochs, sizes, source, document, tokens) -> bool:
-    """Adds served tokens; False (and nothing added) if a document would exceed its epoch."""
-    added = [served[i].copy() for i in (0, 1)]
-    for i in (0, 1):
-        chosen = source == i
-        np.add.at(added[i], document[chosen], tokens[chosen])
-        if (added[i] > (epochs[i] + 1) * sizes[i]).any():
-            return False
-    for i in (0, 1):
-        served[i][:] = added[i]
-        epochs[i] = int((served[i] // sizes[i]).min())
-    return True
-
-
 def _serve_row(served, epochs, sizes, source, document, tokens) -> int:
-    """Adds one row's tokens; returns those served twice inside an epoch."""
+    """Adds the rows' tokens; returns those served twice inside an epoch (exact for one row)."""
     repeated = 0
     for i in (0, 1):
         chosen = source == i
@@ -139,21 +125,23 @@ def measure(scenario: Mapping[str, Any]) -> dict[str, Any]:
     per_step = np.zeros((steps, 2))
     sizes = [example_tokens(x, True, True) for x in scenario["lengths"]]
     served = [np.zeros(len(x), dtype=np.int64) for x in sizes]
-    epochs, repeated = [0, 0], 0
-    started = time.process_time()
+    epochs, repeated, seconds = [0, 0], 0, 0.0
     for step in range(steps):
+        started = time.process_time()
         pieces = planner.pieces_at(step)
+        seconds += time.process_time() - started
         tokens = pieces.stop - pieces.start
         per_step[step] = np.bincount(pieces.source, weights=tokens, minlength=2)
-        if not _serve(served, epochs, sizes, pieces.source, pieces.document, tokens):
-            # A step holding an epoch's end: row by row, in the order rows are served.
+        before = [x.copy() for x in served], list(epochs)
+        if _serve_row(served, epochs, sizes, pieces.source, pieces.document, tokens):
+            # A step holding an epoch's end: again row by row, in the order rows are served.
+            served, epochs = before
             for row in range(pieces.rows):
                 lo, hi = pieces.row_offsets[row], pieces.row_offsets[row + 1]
                 part = slice(lo, hi)
                 repeated += _serve_row(
                     served, epochs, sizes, pieces.source[part], pieces.document[part], tokens[part]
                 )
-    seconds = time.process_time() - started
     starts = [int(s) for s, _ in schedule]
     ends = [*starts[1:], steps]
     stages = []

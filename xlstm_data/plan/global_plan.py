@@ -30,7 +30,7 @@ from xlstm_data.plan.mixing import merged_sources
 from xlstm_data.plan.mixture import MixtureSchedule
 from xlstm_data.plan.order import SourceOrder
 from xlstm_data.plan.pieces import Pieces, example_tokens
-from xlstm_data.plan.source_rows import RowWalker, SourceRows, SourceRowsSpec
+from xlstm_data.plan.source_rows import RowWalker, SourceRows
 from xlstm_data.plan.spec import PlanSpec
 
 #: Global rows a `HostPlanner` plans at once (whole steps, one batch size and
@@ -93,59 +93,47 @@ class GlobalPlan:
       lengths: Per source (in `spec.names` order), every document's token count.
     """
 
-    def __init__(self, spec: PlanSpec, lengths: Sequence[np.ndarray], _orders=None):
+    def __init__(self, spec: PlanSpec, lengths: Sequence[np.ndarray]):
         if len(lengths) != len(spec.names):
             raise ValueError(f"{len(lengths)} length arrays for {len(spec.names)} sources")
-        self.spec = spec
-        self.lengths = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in lengths]
+        lengths = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in lengths]
         means = []
-        for name, array in zip(spec.names, self.lengths, strict=True):
+        for name, array in zip(spec.names, lengths, strict=True):
             if len(array) == 0:
                 raise DataConfigError(f"data.train.{name} has no documents")
             mean = float(example_tokens(np.asarray(array.mean()), spec.shift, spec.shift_target))
             if mean <= 0:
                 raise DataConfigError(f"data.train.{name} has only empty documents")
             means.append(mean)
-        self.mean_tokens = np.asarray(means)
-        self.orders = _orders or [
+        orders = [
             SourceOrder(len(array), spec.seed, name, spec.shuffle)
-            for name, array in zip(spec.names, self.lengths, strict=True)
+            for name, array in zip(spec.names, lengths, strict=True)
         ]
-        self.sources = [
-            SourceRows(self._rows_spec(i), self.lengths[i], self.orders[i])
-            for i in range(len(spec.names))
-        ]
-        self._total_rows: int | None = None
+        self._build(spec, lengths, np.asarray(means), orders)
 
-    def _rows_spec(self, index: int) -> SourceRowsSpec:
-        spec = self.spec
-        end = None
-        if spec.num_epochs is not None:
-            end = len(self.lengths[index]) * spec.num_epochs
-        return SourceRowsSpec(
-            index=index,
-            name=spec.names[index],
-            row_length=spec.row_length,
-            packing=spec.packing,
-            shift=spec.shift,
-            shift_target=spec.shift_target,
-            seed=spec.seed,
-            shuffle=spec.shuffle,
-            block_documents=spec.block_documents,
-            unit=spec.mixture_unit,
-            end=end,
-        )
+    def _build(self, spec, lengths, mean_tokens, orders) -> None:
+        """Sets the plan's parts from checked inputs (no pass over the lengths)."""
+        self.spec = spec
+        self.lengths = lengths
+        self.mean_tokens = mean_tokens
+        self.orders = orders
+        self.sources = [SourceRows(spec, i, lengths[i], orders[i]) for i in range(len(spec.names))]
+        self._total_rows: int | None = None
 
     def with_mixture(self, mixture: MixtureSchedule) -> GlobalPlan:
         """The same plan with other mixture stages (rows before they differ are equal)."""
+        plan = GlobalPlan.__new__(GlobalPlan)
         spec = dataclasses.replace(self.spec, mixture=mixture)
-        return GlobalPlan(spec, self.lengths, _orders=self.orders)
+        plan._build(spec, self.lengths, self.mean_tokens, self.orders)
+        return plan
 
     def __getstate__(self) -> dict[str, Any]:
         """Worker processes get memory-mapped lengths as their file, not a copy."""
         return {
             "spec": self.spec,
             "lengths": [_MappedLengths.wrap(array) for array in self.lengths],
+            "mean_tokens": self.mean_tokens,
+            "orders": [order.without_cache() for order in self.orders],
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -153,7 +141,7 @@ class GlobalPlan:
             array.open() if isinstance(array, _MappedLengths) else array
             for array in state["lengths"]
         ]
-        self.__init__(state["spec"], lengths)
+        self._build(state["spec"], lengths, state["mean_tokens"], state["orders"])
 
     def token_shares(self, stage: int) -> np.ndarray:
         """Each source's planned share of the tokens in a mixture stage."""
@@ -384,11 +372,6 @@ class HostPlanner:
             return self._walker.start
         current = self._window_of(step, end_inclusive=True)
         return self._walker.cursor(current.window, step)
-
-    def sources_at(self, step: int) -> np.ndarray:
-        """The source of each row of the global batch at `step` (-1: padding)."""
-        current = self._window_of(step)
-        return current.window.source[step - current.window.first]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ from xlstm_data.plan.order import SourceOrder
 from xlstm_data.plan.packing import pack_block
 from xlstm_data.plan.permutation import derive_seed
 from xlstm_data.plan.pieces import Pieces, example_tokens
+from xlstm_data.plan.spec import PlanSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,50 +48,23 @@ class Block:
     units: np.ndarray
 
 
-@dataclasses.dataclass(frozen=True)
-class SourceRowsSpec:
-    """What a source's row sequence depends on.
-
-    Attributes:
-      index: The source's index in the plan (the pieces' `source`).
-      name: Its name (seeds its blocks, like its order).
-      row_length: L.
-      packing: One of `packing.MODES`.
-      shift: As `data.shift`.
-      shift_target: As `data.shift_target`.
-      seed: The run's data seed.
-      shuffle: Shuffle the rows of a block (else they come in document order).
-      block_documents: K, documents per block at most.
-      unit: "tokens" or "documents".
-      end: Positions in the whole run (finite runs), or None (endless).
-    """
-
-    index: int
-    name: str
-    row_length: int
-    packing: str
-    shift: bool
-    shift_target: bool
-    seed: int
-    shuffle: bool
-    block_documents: int
-    unit: str
-    end: int | None
-
-
 class SourceRows:
     """Plans the blocks of one source (a pure function of the spec and lengths).
 
     Args:
-      spec: The source's part of the plan spec.
+      spec: The plan's spec.
+      index: The source's index in the plan (the pieces' `source`).
       lengths: Every document's token count.
       order: The source's document order.
     """
 
-    def __init__(self, spec: SourceRowsSpec, lengths: np.ndarray, order: SourceOrder):
+    def __init__(self, spec: PlanSpec, index: int, lengths: np.ndarray, order: SourceOrder):
         self.spec = spec
+        self.index = index
         self.lengths = lengths
         self.order = order
+        #: Positions in the whole run (finite runs), or None (endless).
+        self.end = None if spec.num_epochs is None else len(lengths) * spec.num_epochs
 
     @property
     def num_documents(self) -> int:
@@ -100,10 +74,10 @@ class SourceRows:
         """One past the last position of the block at `start` (never past its epoch)."""
         n = self.num_documents
         end = min(start + self.spec.block_documents, (start // n + 1) * n)
-        return end if self.spec.end is None else min(end, self.spec.end)
+        return end if self.end is None else min(end, self.end)
 
     def ended(self, start: int) -> bool:
-        return self.spec.end is not None and start >= self.spec.end
+        return self.end is not None and start >= self.end
 
     def block(self, start: int) -> Block:
         """The block at position `start`."""
@@ -113,15 +87,16 @@ class SourceRows:
         sizes = example_tokens(self.lengths[documents], spec.shift, spec.shift_target)
         rng = None
         if spec.shuffle:
-            rng = np.random.default_rng(derive_seed(spec.seed, "block", spec.name, start))
-        sources = np.full(len(documents), spec.index, dtype=np.int32)
+            name = spec.names[self.index]
+            rng = np.random.default_rng(derive_seed(spec.seed, "block", name, start))
+        sources = np.full(len(documents), self.index, dtype=np.int32)
         pieces = pack_block(sources, documents, sizes, spec.row_length, spec.packing, rng)
         if not spec.shuffle and spec.packing in ("best_fit", "first_fit") and pieces.rows > 1:
             # Unshuffled (eval): rows in the order of their first document, so a
             # pass starts with the corpus's first documents.
             first = np.minimum.reduceat(pieces.document, pieces.row_offsets[:-1])
             pieces = pieces.take_rows(np.argsort(first, kind="stable"))
-        return Block(start, end, pieces, row_units(pieces, spec.unit))
+        return Block(start, end, pieces, row_units(pieces, spec.mixture_unit))
 
 
 def row_units(pieces: Pieces, unit: str) -> np.ndarray:
