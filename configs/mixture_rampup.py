@@ -2,6 +2,8 @@
 
 Synthetic documents (lognormal lengths) so the run needs no files; swap the
 `kind` for `array_record`, `text` or `jsonl` with a `path` to use real data.
+The mixture adapts every 50 steps to each dataset's loss (`adaptive_mixture`,
+README "Online and adaptive mixing"); the configured weights are its prior.
 """
 
 from ml_collections import config_dict
@@ -39,4 +41,6 @@ def get_config() -> config_dict.ConfigDict:
     data.max_target_length = 256
     data.data_shuffle_seed = 7
     data.rampup = [[0, 0.25], [200, 0.5], [500, 1.0]]
+    config.adaptive_mixture.every_steps = 50
+    config.adaptive_mixture.smoothing = 0.2
     return config

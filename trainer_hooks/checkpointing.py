@@ -11,7 +11,7 @@ unless the caller deliberately starts the data stream over.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import jax
@@ -66,9 +66,17 @@ class _InOrderPreemptionManager(ocp.CheckpointManager):
 
 
 def checkpoint_manager(
-    directory: epath.PathLike, *, max_to_keep: int | None = 2, async_save: bool = True
+    directory: epath.PathLike,
+    *,
+    max_to_keep: int | None = 2,
+    async_save: bool = True,
+    json_items: Iterable[str] = (),
 ) -> ocp.CheckpointManager:
-    """A manager for `{model, data}` steps under `directory` (made absolute)."""
+    """A manager for `{model, data}` steps under `directory` (made absolute).
+
+    `json_items` names further items saved as JSON in the same steps (a
+    hook's state, such as `AdaptiveMixtureHook`'s).
+    """
     path = epath.Path(directory)
     if not path.is_absolute():
         path = epath.Path(path.resolve())
@@ -76,14 +84,17 @@ def checkpoint_manager(
         max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
     )
     handlers = {MODEL_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: DataCheckpointHandler()}
+    handlers.update({name: ocp.JsonCheckpointHandler() for name in json_items})
     return _InOrderPreemptionManager(path, options=options, item_handlers=handlers)
 
 
-def save_args(state: Any, iterator: Any) -> ocp.args.Composite:
-    """The composite that saves `state` and `iterator`'s position in one step."""
-    return ocp.args.Composite(
-        **{MODEL_ITEM: ocp.args.StandardSave(state), DATA_ITEM: DataCheckpointSave(iterator)}
-    )
+def save_args(
+    state: Any, iterator: Any, extra: Mapping[str, Any] | None = None
+) -> ocp.args.Composite:
+    """The composite saving `state`, `iterator`'s position and `extra` JSON items in one step."""
+    items = {MODEL_ITEM: ocp.args.StandardSave(state), DATA_ITEM: DataCheckpointSave(iterator)}
+    items.update({name: ocp.args.JsonSave(value) for name, value in (extra or {}).items()})
+    return ocp.args.Composite(**items)
 
 
 class CheckpointHook(StepAnchoredAction):
@@ -108,6 +119,8 @@ class CheckpointHook(StepAnchoredAction):
       every_secs: Save when this long has passed since the last save.
       on_steps: Also save at these steps.
       start_step: Steps already done (the restored step) when the loop starts.
+      extra_items: `{item name: returns its JSON-able state}` saved in the same
+        steps (register the names with `checkpoint_manager(json_items=...)`).
       secs_check_every_steps: On several processes, how often (in steps) the
         `every_secs` clock is agreed on.
     """
@@ -122,6 +135,7 @@ class CheckpointHook(StepAnchoredAction):
         every_secs: float | None = None,
         on_steps: Iterable[int] | None = None,
         start_step: int = 0,
+        extra_items: Mapping[str, Callable[[], Any]] | None = None,
         secs_check_every_steps: int = 10,
     ):
         super().__init__(
@@ -131,6 +145,7 @@ class CheckpointHook(StepAnchoredAction):
         self.manager = manager
         self.get_state = get_state
         self.iterator = iterator
+        self.extra_items = dict(extra_items or {})
         self._preempted_at: int | None = None
 
     @property
@@ -164,8 +179,9 @@ class CheckpointHook(StepAnchoredAction):
         """Starts saving step `step` now (the write finishes in the background)."""
         if self.manager.latest_step() == step:
             return False
+        extra = {name: get() for name, get in self.extra_items.items()}
         saved = self.manager.save(
-            step, args=save_args(self.get_state(), self.iterator), force=force
+            step, args=save_args(self.get_state(), self.iterator, extra), force=force
         )
         if saved:
             logging.info("checkpoint step %d started (model and data)", step)
@@ -191,6 +207,7 @@ def restore_or_initialize(
     start_data_fresh: bool = False,
     allow_data_config_change: bool | Iterable[str] = False,
     mesh: Mesh | None = None,
+    extra_items: Mapping[str, Callable[[Any], None]] | None = None,
 ) -> tuple[State, int]:
     """Restores model and data position from a checkpoint, or starts fresh.
 
@@ -212,6 +229,9 @@ def restore_or_initialize(
       allow_data_config_change: Data-config keys allowed to differ from the
         checkpoint (True, or glob patterns like `"data.train.*.weight"`).
       mesh: The mesh the state lives on; default the iterator's.
+      extra_items: `{item name: takes its saved JSON state}` for the JSON
+        items `CheckpointHook(extra_items=...)` saves; an item the step lacks
+        (saved before it existed) is skipped with a warning.
 
     Returns:
       `(state, step)`: the state and the number of steps already done.
@@ -247,7 +267,15 @@ def restore_or_initialize(
         args[DATA_ITEM] = DataCheckpointRestore(
             iterator, allow_config_change=allow_data_config_change
         )
+    for name in extra_items or {}:
+        if name in items:
+            args[name] = ocp.args.JsonRestore()
+        else:
+            logging.warning("checkpoint step %d has no %r item; it starts empty", step, name)
     restored = manager.restore(step, args=ocp.args.Composite(**args))
+    for name, set_state in (extra_items or {}).items():
+        if name in args:
+            set_state(restored[name])
     logging.info("restored step %d from %s (items %s)", step, manager.directory, sorted(args))
     _start_prefetch(iterator)
     return restored[MODEL_ITEM], step

@@ -31,6 +31,13 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     # vocab_size None: the data's vocabulary (the largest of its sources').
     "model": {"vocab_size": None, "d_model": 64, "num_layers": 2, "num_heads": 4, "mlp_dim": 256},
     "checkpoint": {"every_steps": 50, "every_secs": None, "max_to_keep": 2},
+    # every_steps 0: the config's mixture as is; > 0: AdaptiveMixtureHook (README).
+    "adaptive_mixture": {
+        "every_steps": 0,
+        "step_size": 1.0,
+        "smoothing": 0.1,
+        "reference_loss": None,
+    },
     # batch_axis_names None: the dp/fsdp axes the mesh has (e.g. "data" for a mesh "data:-1").
     "mesh": {"axis_dims": "dp:1,fsdp:-1,tp:1,sp:1", "batch_axis_names": None},
 }
@@ -39,6 +46,7 @@ _UNSET_KEY_TYPES: dict[str, type] = {
     "model.vocab_size": int,
     "checkpoint.every_secs": float,
     "mesh.batch_axis_names": object,
+    "adaptive_mixture.reference_loss": object,
 }
 
 

@@ -4,8 +4,9 @@ Tokens/s, examples/s and padding say whether packing and throughput are as
 expected; per-component token shares, next to the shares the plan's current
 mixture stage asks for, say whether the mixture does what the config says;
 the documents split across rows say what packing costs; the current batch
-size follows the ramp-up; and the share of wall time the loop waited for
-data says whether the accelerator starved.
+size follows the ramp-up; the share of wall time the loop waited for data
+says whether the accelerator starved; and, when the loop hands it each
+step's per-token loss (`record_loss`), the loss of each dataset.
 Figures cover the interval since the previous report. On several processes
 the counts are summed over data-loading hosts (replicas of one host are
 counted once) and the wait is the slowest process's, so every process must
@@ -23,6 +24,7 @@ from jax.experimental import multihost_utils
 from jax_loop_utils.metric_writers.interface import MetricWriter
 
 from trainer_hooks.periodic import StepAnchoredAction
+from trainer_hooks.source_losses import SourceLossMeter, mean_losses
 
 _BATCHES, _TOKENS, _SLOTS, _ROWS, _WAIT, _DOCUMENTS, _SPLIT = range(7)
 
@@ -58,6 +60,18 @@ class DataMetricsHook(StepAnchoredAction):
         self._last_time = self._previous_time
         #: The scalars of the latest report (also written to `writer`).
         self.latest: dict[str, float] = {}
+        self._losses: SourceLossMeter | None = None
+
+    def record_loss(self, token_loss: jax.Array, source_ids: jax.Array) -> None:
+        """Adds a step's per-token loss to the next report's `loss/<dataset>`.
+
+        Call it every step, on every process, with the train step's per-token
+        loss (any value on padding) and the batch's `source_ids`. Nothing is
+        read back from the device until the report.
+        """
+        if self._losses is None:
+            self._losses = SourceLossMeter(self.iterator.source_names, self.iterator.global_mesh)
+        self._losses.add(token_loss, source_ids)
 
     def _over_hosts(self, *vectors: np.ndarray) -> list[np.ndarray]:
         """Each vector summed over data hosts, wait maxed over processes (a collective)."""
@@ -104,6 +118,11 @@ class DataMetricsHook(StepAnchoredAction):
             for name, share in planned.items():
                 scalars[f"planned_share/{name}"] = share
             scalars["data_step"] = self.iterator.data_step_at(last)
+        totals = None if self._losses is None else self._losses.take()
+        if totals is not None:
+            for name, loss in zip(self._losses.names, mean_losses(totals), strict=True):
+                if np.isfinite(loss):
+                    scalars[f"loss/{name}"] = loss
         if delta[_DOCUMENTS]:
             scalars["split_documents"] = delta[_SPLIT]
             scalars["split_fraction"] = delta[_SPLIT] / delta[_DOCUMENTS]

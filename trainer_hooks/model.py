@@ -146,8 +146,16 @@ def masked_loss(
       `(loss_sum, token_count)`, both float32 scalars.
     """
     mask = (targets_segmentation != 0).astype(jnp.float32)
+    return jnp.sum(token_losses(logits, targets, targets_segmentation)), jnp.sum(mask)
+
+
+def token_losses(
+    logits: jax.Array, targets: jax.Array, targets_segmentation: jax.Array
+) -> jax.Array:
+    """Cross entropy of every target, 0 on padding: float32 `[b, l]`."""
+    mask = (targets_segmentation != 0).astype(jnp.float32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
-    return jnp.sum(losses * mask), jnp.sum(mask)
+    return losses * mask
 
 
 def create_train_state(
@@ -196,17 +204,21 @@ def train_step(
       batch: The batch to train on.
 
     Returns:
-      `(new_state, metrics)` with metrics `{"loss": mean loss, "tokens": token count}`.
+      `(new_state, metrics)` with metrics `{"loss": mean loss, "tokens": token
+      count, "token_loss": [b, l] per-token loss, 0 on padding}` (the last for
+      per-dataset loss: `DataMetricsHook.record_loss`).
     """
 
-    def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
-        loss_sum, tokens = masked_loss(
+    def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        token_loss = token_losses(
             _logits(state, params, batch), batch.targets, batch.targets_segmentation
         )
-        return loss_sum / jnp.maximum(tokens, 1.0), tokens
+        tokens = jnp.sum(batch.targets_segmentation != 0).astype(jnp.float32)
+        return jnp.sum(token_loss) / jnp.maximum(tokens, 1.0), (tokens, token_loss)
 
-    (loss, tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    return state.apply_gradients(grads=grads), {"loss": loss, "tokens": tokens}
+    (loss, (tokens, token_loss)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    metrics = {"loss": loss, "tokens": tokens, "token_loss": token_loss}
+    return state.apply_gradients(grads=grads), metrics
 
 
 def eval_step(params_state: train_state.TrainState, batch: LLMBatch) -> dict[str, jax.Array]:

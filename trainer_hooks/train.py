@@ -30,6 +30,7 @@ from absl import app, flags, logging
 from etils import epath
 from jax.sharding import NamedSharding, PartitionSpec
 
+from trainer_hooks.adaptive_mixture import ADAPTIVE_MIXTURE_ITEM, AdaptiveMixtureHook
 from trainer_hooks.batch_log import BatchLog, batch_fingerprint
 from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
 from trainer_hooks.config import with_defaults
@@ -194,8 +195,14 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     mesh = create_mesh(config.mesh.axis_dims)
     batch_axes = config.mesh.batch_axis_names
     train_iter, eval_iters = iterators_from_config(config.data, mesh, batch_axis_names=batch_axes)
+    adaptive = dict(config.adaptive_mixture)
+    adaptive_on = int(adaptive.pop("every_steps") or 0) > 0
+    if adaptive_on:  # refuses a bad section by key before any step
+        AdaptiveMixtureHook(train_iter, every_steps=config.adaptive_mixture.every_steps, **adaptive)
     manager = checkpoint_manager(
-        workdir_path / "checkpoints", max_to_keep=config.checkpoint.max_to_keep
+        workdir_path / "checkpoints",
+        max_to_keep=config.checkpoint.max_to_keep,
+        json_items=[ADAPTIVE_MIXTURE_ITEM],
     )
     if manager.latest_step() is None:  # nothing to restore: fill packing bins during init
         train_iter.start_prefetch()
@@ -218,19 +225,24 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         out_shardings=replicated,
     )
     state = init(jax.random.key(int(config.seed)))
+    saved_mixture: list[Any] = []  # the adaptive hook's saved sums, if any
     state, start_step = restore_or_initialize(
         manager,
         train_iter,
         state,
         start_data_fresh=_START_DATA_FRESH.value,
         allow_data_config_change=_ALLOW_CHANGE.value,
+        extra_items={ADAPTIVE_MIXTURE_ITEM: saved_mixture.append} if adaptive_on else None,
     )
 
     batch_sharding = train_iter.sharding
     step_fn = jax.jit(
         train_step,
         in_shardings=(replicated, batch_sharding),
-        out_shardings=(replicated, replicated),
+        out_shardings=(
+            replicated,
+            {"loss": replicated, "tokens": replicated, "token_loss": batch_sharding},
+        ),
         donate_argnums=0,
     )
     eval_fn = jax.jit(eval_step, in_shardings=(replicated, batch_sharding))
@@ -239,6 +251,21 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     batch_log = BatchLog(workdir_path / "batches.jsonl", enabled=primary and _FINGERPRINTS.value)
     log_every = int(config.log_every_steps)
     latest: dict[str, Any] = {}
+    data_hook = DataMetricsHook(writer, train_iter, every_steps=log_every, start_step=start_step)
+    # Before the checkpoint hook, so a checkpoint at an update step holds the update.
+    mixture_hooks, extra_items = [], {}
+    if adaptive_on:
+        mixture_hook = AdaptiveMixtureHook(
+            train_iter,
+            every_steps=config.adaptive_mixture.every_steps,
+            start_step=start_step,
+            **adaptive,
+        )
+        for saved in saved_mixture:
+            mixture_hook.set_state(saved)
+        mixture_hooks.append(mixture_hook)
+        extra_items[ADAPTIVE_MIXTURE_ITEM] = mixture_hook.state
+    loss_hooks = [*mixture_hooks, data_hook]
     checkpoint_hook = CheckpointHook(
         manager,
         lambda: state,
@@ -246,10 +273,12 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         every_steps=config.checkpoint.every_steps,
         every_secs=config.checkpoint.every_secs,
         start_step=start_step,
+        extra_items=extra_items,
     )
     hooks = [
+        *mixture_hooks,
         checkpoint_hook,
-        DataMetricsHook(writer, train_iter, every_steps=log_every, start_step=start_step),
+        data_hook,
         ProgressHook(
             num_steps,
             every_steps=log_every,
@@ -277,6 +306,8 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         batch = next(train_iter)
         fingerprint = batch_fingerprint(batch) if _FINGERPRINTS.value else None
         state, metrics = step_fn(state, batch)
+        for hook in loss_hooks:
+            hook.record_loss(metrics["token_loss"], batch.source_ids)
         if pending is not None:
             _log_step(batch_log, writer, *pending, log_every)
         data_step = train_iter.data_step_at(step - 1)  # the batch of update `step`

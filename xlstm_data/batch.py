@@ -39,6 +39,14 @@ LLM_BATCH_FIELDS: tuple[str, ...] = (
     "targets_position",
 )
 
+#: Per token, the index of its dataset in the iterator's `source_names`; the
+#: planned pipeline adds it to every batch, so a jitted step can take the loss
+#: per dataset (`xlstm_data.loss_by_source`).
+SOURCE_ID_FIELD = "source_ids"
+#: `source_ids` of a padding slot: outside every dataset's index, and
+#: `jax.nn.one_hot` of it is all zeros.
+SOURCE_ID_PADDING = -1
+
 #: Suffixes of the fields that mark padding; they are always padded with 0.
 MASK_FIELD_SUFFIXES: tuple[str, ...] = ("_segmentation", "_position")
 
@@ -51,7 +59,10 @@ def padding_value(field: str, pad_value: int | float = 0) -> int | float:
 
     Segmentation and position fields get 0, so padding reads as padding to a
     masked loss whatever `pad_value` the token fields use.
+    `source_ids` gets `SOURCE_ID_PADDING`.
     """
+    if field == SOURCE_ID_FIELD:
+        return SOURCE_ID_PADDING
     return 0 if field.endswith(MASK_FIELD_SUFFIXES) else pad_value
 
 

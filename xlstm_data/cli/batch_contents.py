@@ -3,7 +3,8 @@
 With `--workdir` the run's own data config comes from its latest checkpoint
 (the data section every checkpoint records), so what is listed is what that
 run trained on, whatever the config file says today; the checkpoint's cursor
-starts the planner when the asked steps lie after it. The files behind the
+starts the planner when the asked steps lie after it, and its online mixture
+updates (`set_mixture`) are replayed. The files behind the
 datasets are compared with the ones the checkpoint recorded, and each changed
 file is named in a warning: the listing would describe other documents.
 """
@@ -33,7 +34,8 @@ from xlstm_data.multihost.planned_iterator import (
     saved_data_step,
 )
 from xlstm_data.plan.contents import RowContents, step_rows
-from xlstm_data.plan.global_plan import Cursor
+from xlstm_data.plan.global_plan import Cursor, GlobalPlan
+from xlstm_data.plan.mixture import updates_from_pairs, with_updates
 from xlstm_data.sources.identity import (
     IDENTITY_KEYS,
     dataset_files,
@@ -76,6 +78,12 @@ class SavedRun:
     def cursor(self, names: Sequence[str]) -> Cursor:
         """The plan's cursor, checked against all processes' files."""
         return Cursor.from_list(cursor_by_name(merge_plan_states(self.states, 0), names))
+
+    def with_mixture_updates(self, plan: GlobalPlan) -> GlobalPlan:
+        """`plan` with the run's online mixture updates (`set_mixture`) laid over its stages."""
+        pairs = merge_plan_states(self.states, 0).get("mixture_updates")
+        updates = updates_from_pairs(pairs, plan.spec.names, "the saved mixture_updates")
+        return plan.with_mixture(with_updates(plan.spec.mixture, updates)) if updates else plan
 
 
 def read_saved_run(workdir: str) -> SavedRun:
@@ -175,10 +183,13 @@ def list_rows(
     """The rows of `steps`, planned from the checkpoint's cursor when it comes first."""
     skips = opened.config.skip_steps
     cursor = None
+    plan = opened.plan
     same = saved is not None and _same_plan(saved, opened)
-    if same and skips.data_step(steps.start) >= saved.data_step:
-        cursor = saved.cursor(opened.plan.spec.names)
-    return list(step_rows(opened.plan, steps, skips=skips, hosts=processes, cursor=cursor))
+    if same:
+        plan = saved.with_mixture_updates(plan)
+        if skips.data_step(steps.start) >= saved.data_step:
+            cursor = saved.cursor(plan.spec.names)
+    return list(step_rows(plan, steps, skips=skips, hosts=processes, cursor=cursor))
 
 
 def _same_plan(saved: SavedRun, opened: TrainPlan) -> bool:

@@ -12,12 +12,15 @@ costs one block of planning per source, like one at 10.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from xlstm_data.config.rampup import BatchSizeSchedule
@@ -29,6 +32,13 @@ from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, _Prefetched
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import HEADER_FIELDS, PER_SOURCE_FIELDS, Cursor, GlobalPlan
+from xlstm_data.plan.mixture import (
+    MixtureUpdate,
+    parse_mixture_weights,
+    updates_from_pairs,
+    updates_to_pairs,
+    with_updates,
+)
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.sources.identity import dataset_files, dataset_identities
@@ -84,6 +94,9 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
     ):
         self.plan = plan
         self.skips = skips
+        #: The config's mixture stages; online updates are laid over them.
+        self._configured_mixture = plan.spec.mixture
+        self._mixture_updates: list[MixtureUpdate] = []
         self._identities: dict[str, dict[str, Any]] | None = None
         self._files: dict[str, dict[str, list[int]]] | None = None
         self._plan_sources = list(sources)
@@ -156,6 +169,13 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 "cursor": cursor.to_list(),
             }
 
+    def _position(self) -> dict[str, Any]:
+        """Where the next batch comes from: training step, data step and cursor."""
+        last = self._state_of_last
+        if last is None:  # nothing handed out since step 0
+            last = {"data_step": 0, "cursor": self.plan.start_cursor().to_list()}
+        return {"step": self.step_counter, **last}
+
     def _produce(self) -> _Prefetched:
         element = next(self._local_iterator)
         host = {k: np.asarray(v) for k, v in element["batch"].items()}
@@ -170,6 +190,79 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         cursor = [int(v) for v in element["cursor"]]
         position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
         return _Prefetched(host, device, position, counts)
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """The datasets in plan order: a batch's `source_ids` index this tuple."""
+        return tuple(self.plan.spec.names)
+
+    # Online mixing -------------------------------------------------------------
+
+    def set_mixture(self, weights: Mapping[str, float], from_step: int) -> None:
+        """Mixes the datasets with `weights` from data step `from_step` on.
+
+        Every process must call it with the same arguments, between the same
+        two batches. It changes no batch before `from_step`; batches already
+        prepared for later steps (in the prefetch thread or in workers) are
+        prepared again. The update is saved with the data position, so a
+        resumed run, on any number of processes, replays it; it holds until
+        the next update or the next configured `data.mixture_schedule` stage,
+        whichever starts first.
+
+        Args:
+          weights: `{dataset name: weight}` (normalised; a dataset left out is off).
+          from_step: The first data step mixed this way; at least the data
+            step of the next batch (`data_step_at(step_counter)`).
+        """
+        self._check_open()
+        self._check_same_everywhere("set_mixture", (weights, from_step))
+        names = self.plan.spec.names
+        row = parse_mixture_weights(weights, names, "set_mixture(weights)")
+        if isinstance(from_step, bool) or not isinstance(from_step, numbers.Integral):
+            raise DataConfigError(
+                f"set_mixture(from_step={from_step!r}) is invalid; expected an int data step"
+            )
+        next_step = self.data_step_at(self.step_counter)
+        if from_step < next_step:
+            raise DataConfigError(
+                f"set_mixture(from_step={from_step}) is in the past: the next batch is data step "
+                f"{next_step}; pass from_step >= {next_step}"
+            )
+        kept = [u for u in self._mixture_updates if u[0] < from_step]
+        self._apply_mixture_updates([*kept, (int(from_step), row)])
+        prefetching = self._prefetcher is not None
+        self._restart(self._position())  # what was prepared ahead is planned again
+        if prefetching:  # overlap the new batches with the step in flight
+            self.start_prefetch()
+        logging.info("mixture from data step %d: %s", from_step, dict(zip(names, row, strict=True)))
+
+    def mixture_weights_at(self, data_step: int, *, configured: bool = False) -> dict[str, float]:
+        """`{dataset: normalised weight}` in force at `data_step`.
+
+        With `configured`, the config's weights there, online updates left out.
+        """
+        mixture = self._configured_mixture if configured else self.plan.spec.mixture
+        weights = mixture.weights[mixture.stage_at(data_step)]
+        return dict(zip(mixture.names, weights, strict=True))
+
+    def _apply_mixture_updates(self, updates: list[MixtureUpdate]) -> None:
+        self._mixture_updates = updates
+        self.plan = self.plan.with_mixture(with_updates(self._configured_mixture, updates))
+
+    def _check_same_everywhere(self, what: str, value: Any) -> None:
+        """Refuses a call whose arguments differ between processes (a collective)."""
+        if self.layout.process_count == 1:
+            return
+        digest = hashlib.sha256(_canonical(value).encode()).digest()
+        mine = np.frombuffer(digest, dtype=np.int32)
+        table = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+        differ = np.flatnonzero(np.any(table != mine, axis=1))
+        if differ.size:
+            raise DataConfigError(
+                f"{what} was called with other arguments on process {int(differ[0])} than on "
+                f"process {self.layout.process_index} ({_canonical(value)} here); every process "
+                "must pass the same weights and from_step"
+            )
 
     @property
     def source_identities(self) -> dict[str, dict[str, Any]]:
@@ -219,9 +312,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
 
     def get_state(self) -> dict[str, Any]:
         """The position after the last batch handed out (JSON-able, host-count free)."""
-        position = self._state_of_last
-        if position is None:  # nothing handed out since step 0
-            position = {"data_step": 0, "cursor": self.plan.start_cursor().to_list()}
+        position = self._position()
         return {
             "format_version": PLAN_STATE_VERSION,
             "kind": PLAN_STATE_KIND,
@@ -233,6 +324,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
             "cursor": list(position["cursor"]),
             "batch_schedule": self.plan.spec.batch.rampup.to_pairs(),
             "mixture_schedule": self.plan.spec.mixture.to_pairs(),
+            "mixture_updates": updates_to_pairs(self.plan.spec.names, self._mixture_updates),
             "global_batch_size": self.plan.spec.batch.global_batch_size,
             "process_index": self.layout.process_index,
             "process_count": self.layout.process_count,
@@ -279,6 +371,10 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
                 f"the saved data cursor is at data step {remapped[0]} but the state's data step "
                 f"is {saved_data_step(state)}; the data-state file is corrupted"
             )
+        updates = updates_from_pairs(
+            state.get("mixture_updates"), self.plan.spec.names, "the saved mixture_updates"
+        )
+        self._apply_mixture_updates(updates)
         self._restart({"step": step, "data_step": saved_data_step(state), "cursor": remapped})
         counters = state.get("data_counters")
         if counters is not None:
@@ -315,6 +411,12 @@ def merge_plan_states(states: Sequence[Mapping[str, Any]], process_index: int) -
         raise DataCheckpointError(f"the processes' saved data steps disagree: {steps}")
     merged: dict[str, Any] = dict(states[0])
     for state in states[1:]:
+        if state.get("mixture_updates") != merged.get("mixture_updates"):
+            raise DataCheckpointError(
+                f"two processes saved different online mixture updates at step {steps[0]} "
+                f"(processes {merged.get('process_index')} and {state.get('process_index')}); "
+                "set_mixture must be called with the same arguments on every process"
+            )
         if state.get("cursor") != merged.get("cursor"):
             raise DataCheckpointError(
                 f"two processes saved different data cursors at step {steps[0]}: "
@@ -358,6 +460,14 @@ def cursor_by_name(state: Mapping[str, Any], names: Sequence[str]) -> list[int]:
             dropped or "none",
         )
     return remapped
+
+
+def _canonical(value: Any) -> str:
+    """A text form of set_mixture's arguments that is equal when they are."""
+    weights, step = value
+    if isinstance(weights, Mapping):
+        weights = sorted((str(k), repr(v)) for k, v in weights.items())
+    return repr((weights, step))
 
 
 def saved_data_step(state: Mapping[str, Any]) -> int:

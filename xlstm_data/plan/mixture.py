@@ -161,3 +161,71 @@ def block_counts(shares: np.ndarray, block_documents: int, offset: float) -> np.
     cumulative[-1] = left  # no float drift at the end
     dealt = np.floor(cumulative + offset).astype(np.int64)
     return base + np.diff(np.concatenate([[0], dealt]))
+
+
+#: An online mixture update: from this data step on, these normalised weights.
+MixtureUpdate = tuple[int, tuple[float, ...]]
+
+
+def parse_mixture_weights(value: Any, names: Sequence[str], key: str) -> tuple[float, ...]:
+    """`{name: weight}` validated against the datasets, normalised, in plan order.
+
+    A dataset left out gets weight 0, as in a `data.mixture_schedule` stage.
+    """
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if not isinstance(value, Mapping) or not value:
+        raise DataConfigError(
+            f"{key}={value!r} is invalid; expected a dict {{dataset name: weight}} over "
+            f"{sorted(names)}"
+        )
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise DataConfigError(
+            f"{key} names unknown datasets {unknown}; data.train declares {sorted(names)}"
+        )
+    row = [_weight(f"{key}[{name!r}]", value.get(name, 0.0)) for name in names]
+    return _normalised(key, row)
+
+
+def with_updates(configured: MixtureSchedule, updates: Sequence[MixtureUpdate]) -> MixtureSchedule:
+    """The configured stages with online updates laid over them.
+
+    Each update holds from its step until the next update or the next
+    configured stage, whichever starts first; at the same step the update
+    wins. So an update never changes a step before its own, and configured
+    stages (an annealing phase, say) still start where the config says.
+    """
+    entries: dict[int, tuple[float, ...]] = dict(
+        zip(configured.starts, configured.weights, strict=True)
+    )
+    for start, weights in updates:
+        entries[int(start)] = tuple(weights)
+    starts = sorted(entries)
+    return MixtureSchedule(configured.names, tuple(starts), tuple(entries[s] for s in starts))
+
+
+def updates_to_pairs(names: Sequence[str], updates: Sequence[MixtureUpdate]) -> list[list[Any]]:
+    """The JSON form `[[step, {name: weight}], ...]` of online updates."""
+    return [[start, dict(zip(names, weights, strict=True))] for start, weights in updates]
+
+
+def updates_from_pairs(pairs: Any, names: Sequence[str], key: str) -> list[MixtureUpdate]:
+    """Online updates read back from their JSON form, in this plan's dataset order.
+
+    A dataset the saving run did not have gets weight 0 in its updates; one
+    it had and this run lacks is left out (the checkpoint's config check has
+    already decided whether that change is allowed).
+    """
+    updates: list[MixtureUpdate] = []
+    for index, entry in enumerate(pairs or ()):
+        where = f"{key}[{index}]"
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise DataConfigError(f"{where}={entry!r} is invalid; expected [step, {{name: w}}]")
+        step = _stage_step(where, entry[0])
+        if updates and step <= updates[-1][0]:
+            raise DataConfigError(f"{where} at step {step} is not after the previous update")
+        weights = entry[1] if isinstance(entry[1], Mapping) else {}
+        kept = {name: w for name, w in weights.items() if name in names}
+        updates.append((step, parse_mixture_weights(kept, names, where)))
+    return updates

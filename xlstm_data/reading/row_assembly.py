@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from xlstm_data.batch import LLM_BATCH_FIELDS
+from xlstm_data.batch import LLM_BATCH_FIELDS, SOURCE_ID_FIELD, SOURCE_ID_PADDING
 from xlstm_data.plan.pieces import Pieces
 
 #: Reads documents `documents` (int64 array) of plan source `source` as 1-D int32 tokens.
 ReadDocuments = Callable[[int, np.ndarray], Sequence[np.ndarray]]
 
-FIELDS = LLM_BATCH_FIELDS
+FIELDS = (*LLM_BATCH_FIELDS, SOURCE_ID_FIELD)
 _DOCUMENT_BITS = 40
 
 
@@ -60,12 +60,15 @@ def assemble_rows(
       eod_token_id: Appended to every document.
 
     Returns:
-      Zero-filled (segmentation 0) where a row has no tokens.
+      Zero-filled (segmentation 0) where a row has no tokens, and with
+      `source_ids`: each token's plan source, `SOURCE_ID_PADDING` on padding.
     """
     rows = pieces.rows
     size = rows * row_length
     if len(pieces.source) == 0:
-        return {name: np.zeros((rows, row_length), dtype=np.int32) for name in FIELDS}
+        empty = {name: np.zeros((rows, row_length), dtype=np.int32) for name in LLM_BATCH_FIELDS}
+        empty[SOURCE_ID_FIELD] = np.full((rows, row_length), SOURCE_ID_PADDING, dtype=np.int32)
+        return empty
     keys = pieces.source.astype(np.int64) << _DOCUMENT_BITS | pieces.document
     unique, which = np.unique(keys, return_inverse=True)
     unique_source = unique >> _DOCUMENT_BITS
@@ -100,6 +103,8 @@ def assemble_rows(
     )
     position = np.zeros(size, dtype=np.int32)
     position[destination] = token - np.repeat(begins, lengths)
+    source = np.full(size, SOURCE_ID_PADDING, dtype=np.int32)
+    source[destination] = np.repeat(pieces.source.astype(np.int32), lengths)
     inputs = flat[gather]
     targets = flat[gather + 1] if shift else inputs.copy()
     shape = (rows, row_length)
@@ -110,4 +115,5 @@ def assemble_rows(
         "targets_segmentation": segment.copy().reshape(shape),
         "inputs_position": position.reshape(shape),
         "targets_position": position.copy().reshape(shape),
+        SOURCE_ID_FIELD: source.reshape(shape),
     }
