@@ -283,7 +283,50 @@ def scenario_refusal_on_one_process(params: dict) -> dict:
     return {"outcome": outcome}
 
 
+def scenario_online_mixing(params: dict) -> dict:
+    """Online mixture updates around a checkpoint; the gathered batches from `save_at` on.
+
+    `mode` "save": trains steps 0..end-1 calling set_mixture where
+    `updates` says, saves the data position before step `save_at`. "resume":
+    restores that position and goes on to `end` with the later updates.
+    """
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from jax.experimental import multihost_utils
+
+    import xlstm_data as xd
+    from xlstm_data.cli.inspect_config import load_config
+
+    config = load_config(params["config"])
+    train, evals = xd.iterators_from_config(config.data, build_mesh(params))
+    manager = ocp.CheckpointManager(params["directory"])
+    save_at, end = params["save_at"], params["end"]
+    if params["mode"] == "resume":
+        manager.restore(save_at, args=ocp.args.Composite(data=xd.DataCheckpointRestore(train)))
+    gathered = {}
+    while train.step_counter < end:
+        step = train.step_counter
+        if str(step) in params["updates"] and (params["mode"] == "save" or step >= save_at):
+            weights, from_step = params["updates"][str(step)]
+            train.set_mixture(weights, from_step)
+        if params["mode"] == "save" and step == save_at:
+            manager.save(step, args=ocp.args.Composite(data=xd.DataCheckpointSave(train)))
+            manager.wait_until_finished()
+        batch = next(train)
+        if step >= save_at:
+            fields = (batch.inputs, batch.source_ids)
+            gathered[str(step)] = [
+                np.asarray(multihost_utils.process_allgather(f, tiled=True)).tolist()
+                for f in fields
+            ]
+    manager.close()
+    for iterator in (train, *evals.values()):
+        iterator.close()
+    return gathered
+
+
 SCENARIOS = {
+    "online_mixing": scenario_online_mixing,
     "refusal_on_one_process": scenario_refusal_on_one_process,
     "hooks": scenario_hooks,
     "save_checkpoint": scenario_save_checkpoint,
