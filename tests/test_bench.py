@@ -199,3 +199,12 @@ def test_plan_mixture(results):
     for figures in result["scenarios"].values():
         for stage in figures["stages"]:
             assert abs(sum(stage["served"]) - 1) < 1e-9
+
+
+def test_online_mixing(results):
+    result = _load(results, "online_mixing")
+    for arm in ("in_process", "two_workers"):
+        figures = result[arm]
+        assert figures["updates_per_run"] == 2
+        assert figures["updates"]["update_secs"]["median"] > 0
+        assert figures["plain"]["update_secs"]["median"] == 0

@@ -41,6 +41,7 @@ from xlstm_data.plan.mixture import (
 )
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.reading.row_assembly import fields_of
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 
 #: Version of the planned state record; bump on format changes.
@@ -178,7 +179,10 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
 
     def _produce(self) -> _Prefetched:
         element = next(self._local_iterator)
-        host = {k: np.asarray(v) for k, v in element["batch"].items()}
+        block = element["fields"]
+        if self.worker_count:  # out of the worker's shared memory, which grain then unlinks
+            block = np.array(block)
+        host = fields_of(block)
         documents, split = (int(v) for v in element["piece_counts"])
         counts = dataclasses.replace(
             count_batch(host, None, len(self.component_names)),

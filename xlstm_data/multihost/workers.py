@@ -47,14 +47,16 @@ from xlstm_data.streaming.batching import (
 PARENT_CHECK_INTERVAL_S = 0.5
 
 #: Arrays at least this large leave a worker in shared memory, smaller ones are
-#: pickled through its pipe. For a one-row or small micro-batch array (up to
-#: 128 KiB) the pipe costs the main process 2-3x less CPU than grain's
-#: shared-memory round trip (create, map, unlink and tracker messages per
-#: array); from 256 KiB shared memory costs less (bench on 2 CPU cores). It
-#: also keeps rows out of shared memory altogether, whose segments grain
-#: unlinks in a background thread: ones still pending at exit, or held by a
-#: reference cycle (an exception's traceback), are reported as leaked.
-MIN_SHARED_MEMORY_BYTES = 256 * 1024
+#: pickled through its pipe. The pipe is cheaper for small arrays (2-3x less
+#: main-process CPU than grain's create, map and unlink per array), but what
+#: a worker has buffered must fit in the pipe (64 KiB on Linux): when grain
+#: stops a worker it stops reading, and a worker whose queue feeder thread
+#: still holds elements blocks at exit until grain kills it 25 s later. At
+#: 256 KiB this stalled a restart (`set_mixture`, `set_state`, an eval pass)
+#: for 25 s in one of three (py-spy: `Queue._finalize_join`). At 8 KiB, 4
+#: buffered elements of a few small arrays stay well under 64 KiB; a planned
+#: step's fields are one array, so one segment per step.
+MIN_SHARED_MEMORY_BYTES = 8 * 1024
 
 
 def allow_grain_flag_reads() -> None:

@@ -7,7 +7,8 @@ the host's rows' pieces, read and assembled. With worker processes
 walks the plan forward on its own, so the batches never depend on the
 worker count. Each element also carries, beside the batch, the cursor that
 resumes the plan at the *next* step and the tokens per source, so the
-iterator in the main process knows its position without planning.
+iterator in the main process knows its position without planning. The batch
+is one int32 block of all fields (`row_assembly.FIELDS`).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class PlannedBatchDataset(grain.MapDataset):
         planner = self._planner
         pieces = planner.pieces_at(step)
         spec = self._plan.spec
-        batch = assemble_rows(
+        fields = assemble_rows(
             pieces,
             self._read_documents,
             spec.row_length,
@@ -126,7 +127,7 @@ class PlannedBatchDataset(grain.MapDataset):
             eod_token_id=self._eod,
         )
         return {
-            "batch": batch,
+            "fields": fields,
             "data_step": np.int64(step),
             "piece_counts": np.array(
                 [np.count_nonzero(pieces.start == 0), np.count_nonzero(pieces.start > 0)],

@@ -6,6 +6,10 @@ its example stream is built as in `chunking.document_to_examples`
 all streams in one concatenation; then every field of every row is filled by
 one gather from that buffer, with index arithmetic over the whole batch
 (placement, segment ids, positions) and no loop per piece or per token.
+
+The fields are written into one int32 block `[field, row, position]`: a
+step leaves a worker process as one shared-memory segment instead of one per
+field, and `fields_of` gives them back by name as views, without a copy.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from xlstm_data.plan.pieces import Pieces
 ReadDocuments = Callable[[int, np.ndarray], Sequence[np.ndarray]]
 
 FIELDS = (*LLM_BATCH_FIELDS, SOURCE_ID_FIELD)
+_FIELD = {name: index for index, name in enumerate(FIELDS)}
 _DOCUMENT_BITS = 40
 
 
@@ -48,8 +53,8 @@ def assemble_rows(
     shift: bool,
     shift_target: bool,
     eod_token_id: int,
-) -> dict[str, np.ndarray]:
-    """The `LLMBatch` fields of the planned rows, int32 `[rows, row_length]`.
+) -> np.ndarray:
+    """The `LLMBatch` fields of the planned rows, and `source_ids`: int32 `[FIELDS, rows, L]`.
 
     Args:
       pieces: The rows to fill.
@@ -60,15 +65,16 @@ def assemble_rows(
       eod_token_id: Appended to every document.
 
     Returns:
-      Zero-filled (segmentation 0) where a row has no tokens, and with
-      `source_ids`: each token's plan source, `SOURCE_ID_PADDING` on padding.
+      The fields in `FIELDS` order (`fields_of` names them): zero-filled
+      (segmentation 0) where a row has no tokens, and `source_ids` holds each
+      token's plan source, `SOURCE_ID_PADDING` on padding.
     """
     rows = pieces.rows
     size = rows * row_length
+    block = np.zeros((len(FIELDS), size), dtype=np.int32)
+    block[_FIELD[SOURCE_ID_FIELD]] = SOURCE_ID_PADDING
     if len(pieces.source) == 0:
-        empty = {name: np.zeros((rows, row_length), dtype=np.int32) for name in LLM_BATCH_FIELDS}
-        empty[SOURCE_ID_FIELD] = np.full((rows, row_length), SOURCE_ID_PADDING, dtype=np.int32)
-        return empty
+        return block.reshape(len(FIELDS), rows, row_length)
     keys = pieces.source.astype(np.int64) << _DOCUMENT_BITS | pieces.document
     unique, which = np.unique(keys, return_inverse=True)
     unique_source = unique >> _DOCUMENT_BITS
@@ -97,23 +103,24 @@ def assemble_rows(
     destination = token + np.repeat(destination_start - begins, lengths)
     gather = np.full(size, pad, dtype=np.int64)
     gather[destination] = token + np.repeat(stream_offset[which] + pieces.start - begins, lengths)
-    segment = np.zeros(size, dtype=np.int32)
+    segment = block[_FIELD["inputs_segmentation"]]
     segment[destination] = np.repeat(
         (np.arange(len(lengths)) - first_piece_of_row + 1).astype(np.int32), lengths
     )
-    position = np.zeros(size, dtype=np.int32)
+    block[_FIELD["targets_segmentation"]] = segment
+    position = block[_FIELD["inputs_position"]]
     position[destination] = token - np.repeat(begins, lengths)
-    source = np.full(size, SOURCE_ID_PADDING, dtype=np.int32)
-    source[destination] = np.repeat(pieces.source.astype(np.int32), lengths)
-    inputs = flat[gather]
-    targets = flat[gather + 1] if shift else inputs.copy()
-    shape = (rows, row_length)
-    return {
-        "inputs": inputs.reshape(shape),
-        "targets": targets.reshape(shape),
-        "inputs_segmentation": segment.reshape(shape),
-        "targets_segmentation": segment.copy().reshape(shape),
-        "inputs_position": position.reshape(shape),
-        "targets_position": position.copy().reshape(shape),
-        SOURCE_ID_FIELD: source.reshape(shape),
-    }
+    block[_FIELD["targets_position"]] = position
+    block[_FIELD[SOURCE_ID_FIELD]][destination] = np.repeat(pieces.source.astype(np.int32), lengths)
+    np.take(flat, gather, out=block[_FIELD["inputs"]], mode="clip")  # in range: no buffer
+    if shift:
+        gather += 1
+        np.take(flat, gather, out=block[_FIELD["targets"]], mode="clip")
+    else:
+        block[_FIELD["targets"]] = block[_FIELD["inputs"]]
+    return block.reshape(len(FIELDS), rows, row_length)
+
+
+def fields_of(block: np.ndarray) -> dict[str, np.ndarray]:
+    """The named fields of an `assemble_rows` block (views, no copy)."""
+    return dict(zip(FIELDS, block, strict=True))
