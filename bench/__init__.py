@@ -2,7 +2,7 @@
 
 Each benchmark module (`throughput`, `packing`, `resume`, `loop_wait`,
 `memory`, `plan`, `plan_throughput`, `cold_start`, `plan_packing`,
-`plan_mixture`, `online_mixing`, `device_overlap`) has
+`plan_mixture`, `device_overlap`) has
 `run(config) -> dict`, which measures, writes
 `<out>/<name>.json` (and a PNG where a picture helps) and returns the JSON
 payload, and `summary(result)`, the rows of the summary table. `bench.run`
@@ -21,6 +21,5 @@ BENCHMARKS = (
     "cold_start",
     "plan_packing",
     "plan_mixture",
-    "online_mixing",
     "device_overlap",
 )

@@ -42,6 +42,7 @@ import numpy as np
 from bench import common, throughput
 from xlstm_data.multihost.planned_iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
+from xlstm_data.reading.row_assembly import fields_of
 from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan_throughput"
@@ -90,7 +91,7 @@ class _Batches:
         self._elements = elements
 
     def __next__(self) -> Mapping[str, np.ndarray]:
-        return next(self._elements)["batch"]
+        return fields_of(next(self._elements)["fields"])
 
     def close(self) -> None:
         common.close_iterator(self._elements)

@@ -5,7 +5,7 @@
 
 `xlstm-data bench ...` is the same command (same flags, same files). Names are
 any of throughput, packing, resume, loop_wait, memory, plan, plan_throughput,
-cold_start, plan_packing, plan_mixture, online_mixing, device_overlap (default: all, unless
+cold_start, plan_packing, plan_mixture, device_overlap (default: all, unless
 `--config` is given). `--tiny` runs smoke-test sizes in seconds (the figures
 mean nothing); results go to `--out` (default `bench/results/`, or
 `bench/results/tiny/` with `--tiny`, so a smoke run never overwrites the full

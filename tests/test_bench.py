@@ -201,10 +201,10 @@ def test_plan_mixture(results):
             assert abs(sum(stage["served"]) - 1) < 1e-9
 
 
-def test_online_mixing(results):
-    result = _load(results, "online_mixing")
+def test_plan_mixture_measures_online_updates(results):
+    result = _load(results, "plan_mixture")
     for arm in ("in_process", "two_workers"):
-        figures = result[arm]
+        figures = result["online_updates"][arm]
         assert figures["updates_per_run"] == 2
         assert figures["updates"]["update_secs"]["median"] > 0
         assert figures["plain"]["update_secs"]["median"] == 0

@@ -179,6 +179,66 @@ def test_damaged_state_file_is_named_in_the_error(tmp_path, mesh, damage):
     resumed.close()
 
 
+def _edit(record, where):
+    if where == "cursor":  # one document further in the first dataset's block
+        record["state"]["cursor"][2] += 1
+    elif where == "state_step":
+        record["state"]["step"] += 1
+        record["state"]["data_step"] += 1
+    elif where == "weight":
+        record["state"]["mixture_schedule"][0][1]["a"] = 0.5
+    elif where == "header_step":
+        record["header"]["step"] = 4
+
+
+@pytest.mark.parametrize("where", ["cursor", "state_step", "weight", "header_step"])
+def test_a_hand_edited_state_file_fails_its_checksum(tmp_path, mesh, where):
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
+    record = json.loads(path.read_text())
+    _edit(record, where)
+    path.write_text(json.dumps(record))  # still valid JSON
+    resumed = build(mesh)
+    with pytest.raises(xd.DataCheckpointError, match="fails its checksum") as error:
+        restore(manager, 5, state, resumed)
+    assert str(path) in str(error.value)
+    resumed.close()
+
+
+def test_steps_that_disagree_are_refused_even_with_a_matching_checksum(tmp_path, mesh):
+    from xlstm_data.checkpoint import checksum
+
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
+    record = json.loads(path.read_text())
+    record["header"]["step"] = 4  # a tool that rewrites the checksum too
+    record["checksum"] = checksum(record["header"], record["state"])
+    path.write_text(json.dumps(record))
+    resumed = build(mesh)
+    with pytest.raises(xd.DataCheckpointError, match="step 4 in its header but 5 in its state"):
+        restore(manager, 5, state, resumed)
+    resumed.close()
+
+
+def test_a_data_item_moved_to_another_step_is_refused(tmp_path, mesh):
+    import shutil
+
+    manager, state, _ = saved_at_step_5(tmp_path, mesh)
+    train = build(mesh)
+    take(train, 7)
+    save(manager, 7, state, train)
+    manager.wait_until_finished()
+    train.close()
+    shutil.rmtree(tmp_path / "ckpt" / "7" / "data")
+    shutil.copytree(tmp_path / "ckpt" / "5" / "data", tmp_path / "ckpt" / "7" / "data")
+    resumed = build(mesh)
+    with pytest.raises(
+        xd.DataCheckpointError, match="saved in checkpoint step 5 but lies in step 7"
+    ):
+        restore(manager, 7, state, resumed)
+    resumed.close()
+
+
 def test_unknown_header_version_is_refused(tmp_path, mesh):
     manager, state, _ = saved_at_step_5(tmp_path, mesh)
     path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)

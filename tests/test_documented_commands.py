@@ -62,6 +62,12 @@ SPIKE_RESUME = (
 )
 SPIKE_STEP = "xlstm-data batch --workdir=demo_workdir --step=330"
 
+ADAPTIVE_TRAIN = (
+    "python -m trainer_hooks.train --config=configs/mixture_rampup.py --workdir=/tmp/adaptive "
+    "--cpu_devices=2 --config.num_train_steps=120 "
+    "--config.adaptive_mixture.reference_loss=\"{'web': 5.0, 'books': 5.2, 'code': 4.8}\""
+)
+
 #: Documented command -> "tests.module::test" that runs it.
 COVERED_BY = {
     ELASTIC: "tests.test_documented_commands::test_make_demo",
@@ -79,6 +85,7 @@ COVERED_BY = {
     INSPECT: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
     BENCH_CONFIG: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
     MULTIHOST: "tests.test_documented_commands::test_readme_multihost_command_on_4_processes",
+    ADAPTIVE_TRAIN: "tests.test_documented_commands::test_readme_adaptive_mixture_command",
     "python -m bench.run [NAME ...] [--tiny] [--out=DIR]": (
         "tests.test_cli::test_bench_tiny_through_the_console_script"
     ),
@@ -266,3 +273,19 @@ def _after_a_loss_spike(demo: Path, log: list[dict]) -> None:
     assert [(r["step"], r["data_step"]) for r in after] == [(s, s + 19) for s in range(301, 341)]
     # The skipped data is not trained on: update 301 differs from the first run's.
     assert after[0]["fingerprint"] != before[301]["fingerprint"]
+
+
+def test_readme_adaptive_mixture_command(tmp_path):
+    workdir = tmp_path / "adaptive"
+    result = shell(ADAPTIVE_TRAIN.replace("/tmp/adaptive", str(workdir)), REPO)
+    assert "final_step: 120" in result.stdout
+    state = json.loads(
+        (workdir / "checkpoints" / "120" / "data" / "process_0-of-1.json").read_text()
+    )
+    updates = state["state"]["mixture_updates"]
+    assert [step for step, _ in updates] == [50, 100]  # every 50 steps, from the next batch
+    for _, weights in updates:
+        assert set(weights) == {"web", "books", "code"}
+        assert abs(sum(weights.values()) - 1) < 1e-5
+    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert any("data/loss/code" in m for m in metrics)

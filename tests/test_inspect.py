@@ -100,7 +100,7 @@ def test_inspect_warns_when_the_data_behind_a_workdir_changed(tmp_path):
     from tests.test_checkpoint import save
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join(f"line {i} of the corpus\n" for i in range(50)))
+    corpus.write_text("".join(f"line {i} of the corpus\n" for i in range(500)))
     config = load_config(str(CONFIGS[[p.stem for p in CONFIGS].index("demo")]))
     config.data.train = {"text": {"kind": "text", "path": str(corpus)}}
     config.data.eval = {}

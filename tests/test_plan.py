@@ -22,6 +22,7 @@ from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
 from xlstm_data.plan.spec import PlanSpec
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.reading.row_assembly import fields_of
 from xlstm_data.sources import InMemorySource, SyntheticSource
 
 #: Stage layouts: (name, global batch, ramp-up, mixture schedule or None).
@@ -389,6 +390,7 @@ def test_assembled_batches_equal_a_piece_by_piece_reference(shift, shift_target)
     for step in range(12):
         pieces = planner.pieces_at(step)
         want = {name: np.zeros((pieces.rows, length), np.int32) for name in LLM_BATCH_FIELDS}
+        want["source_ids"] = np.full((pieces.rows, length), -1, np.int32)
         for row in range(pieces.rows):
             col = 0
             for segment, (source, doc, start, stop) in enumerate(pieces.row_list(row), 1):
@@ -402,11 +404,12 @@ def test_assembled_batches_equal_a_piece_by_piece_reference(shift, shift_target)
                 for prefix in ("inputs", "targets"):
                     want[f"{prefix}_segmentation"][row, col : col + n] = segment
                     want[f"{prefix}_position"][row, col : col + n] = np.arange(n)
+                want["source_ids"][row, col : col + n] = source
                 col += n
         for name, dataset in datasets.items():
-            got = dataset[step]["batch"]
-            assert list(got) == list(LLM_BATCH_FIELDS)
-            for field in LLM_BATCH_FIELDS:
+            got = fields_of(dataset[step]["fields"])
+            assert list(got) == [*LLM_BATCH_FIELDS, "source_ids"]
+            for field in got:
                 assert got[field].dtype == np.int32
                 np.testing.assert_array_equal(got[field], want[field], err_msg=f"{name} {field}")
 

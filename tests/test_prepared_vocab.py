@@ -27,7 +27,8 @@ def bpe(tmp_path: Path) -> Path:
 @pytest.fixture
 def hf_corpus(tmp_path: Path, bpe: Path) -> Path:
     """Text prepared with the BPE tokenizer: ids above 258, eod id 399."""
-    (tmp_path / "raw.txt").write_text("\n".join(TEXT) + "\n")
+    # Four times over: a global batch of 4 rows must not exceed the corpus.
+    (tmp_path / "raw.txt").write_text("\n".join(TEXT * 4) + "\n")
     out = tmp_path / "hf_corpus"
     prepare_corpus([str(tmp_path / "raw.txt")], str(out), tokenizer=str(bpe))
     return out
@@ -78,7 +79,7 @@ def test_array_record_source_takes_the_index_tokenizer_and_vocab(
     assert isinstance(source.tokenizer, HFTokenizer) and source.tokenizer.path == str(bpe)
     documents = [source[i]["tokens"] for i in range(len(source))]
     assert max(int(d.max()) for d in documents) > 258
-    assert [tokenizer.decode(d) for d in documents] == TEXT
+    assert [tokenizer.decode(d) for d in documents] == TEXT * 4
     # The same tokenizer may be named; another one is refused, naming both.
     assert ArrayRecordSource(pattern, tokenizer=str(bpe)).vocab_size == tokenizer.vocab_size
     with pytest.raises(DataConfigError) as error:

@@ -167,9 +167,29 @@ def test_readme_hooks_example_resumes_when_run_twice(tmp_path, num_processes):
     assert 0.6 < share < 1.0
 
 
+def test_readme_online_mixing_example_runs_in_a_plain_script_on_2_devices(tmp_path):
+    block = next(block for block in BLOCKS if "set_mixture" in block)
+    script = "import jax\njax.config.update('jax_num_cpu_devices', 2)\n" + block
+    (tmp_path / "online.py").write_text(script)
+    env = dict(subprocess_env(), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "online.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "('code', 'web') 1.0" in result.stdout
+    losses = re.search(r"loss per dataset: (\{.*\})", result.stdout).group(1)
+    assert "data/loss/web" in losses and "data/loss/code" in losses
+
+
 def test_readme_python_blocks_are_all_tested():
-    # A new block must get a test here: the first example and the hooks example.
-    assert len(BLOCKS) == 2, [block.splitlines()[0] for block in BLOCKS]
+    # A new block must get a test here: the first example, the hooks example and
+    # the online mixing example.
+    assert len(BLOCKS) == 3, [block.splitlines()[0] for block in BLOCKS]
 
 
 def test_readme_documents_both_setup_commands():

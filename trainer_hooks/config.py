@@ -11,11 +11,14 @@ default silently.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from ml_collections import ConfigDict, FieldReference, FrozenConfigDict
 
+from xlstm_data.checks import check_int
 from xlstm_data.config.data_config import default_data_config
 from xlstm_data.errors import DataConfigError
 
@@ -128,5 +131,55 @@ def with_defaults(config: Any) -> ConfigDict:
         return out
 
     merged = merge(TRAIN_DEFAULTS, {k: v for k, v in given.items() if k != "data"})
+    check_train_values(merged)
     merged["data"] = given.get("data")
     return ConfigDict(merged)
+
+
+#: Largest size a model key may take: an embedding of more rows or columns would
+#: not fit in any accelerator's memory, and would overflow the model's own
+#: index arithmetic (max_target_length=10^11 did) long after the data checks.
+MAX_MODEL_SIZE = 1 << 24
+
+
+def check_train_values(config: Mapping[str, Any]) -> None:
+    """Refuses a training key whose value would fail late or silently, by key.
+
+    Checked before any data is read: a zero interval would divide by zero
+    after the first step, `max_to_keep=0` would keep no checkpoint and the
+    rerun would start over silently, a NaN learning rate would train on NaN.
+    """
+    check_int("seed", config["seed"], 0)
+    check_int("num_train_steps", config["num_train_steps"], 1)
+    check_int("warmup_steps", config["warmup_steps"], 0)
+    check_int("log_every_steps", config["log_every_steps"], 1)
+    check_int("eval_every_steps", config["eval_every_steps"], 0, optional=True)
+    rate = config["learning_rate"]
+    if not _real(rate) or not math.isfinite(rate) or rate <= 0:
+        raise DataConfigError(f"learning_rate={rate!r} is invalid; expected a finite number > 0")
+    model = config["model"]
+    check_int("model.vocab_size", model["vocab_size"], 2, optional=True)
+    for key in ("d_model", "num_layers", "num_heads", "mlp_dim", "vocab_size"):
+        value = check_int(f"model.{key}", model[key], 1, optional=key == "vocab_size")
+        if value is not None and value > MAX_MODEL_SIZE:
+            raise DataConfigError(
+                f"model.{key}={value} is invalid; expected an integer <= {MAX_MODEL_SIZE}"
+            )
+    if model["d_model"] % model["num_heads"]:
+        raise DataConfigError(
+            f"model.num_heads={model['num_heads']} does not divide model.d_model="
+            f"{model['d_model']}; choose a divisor of d_model"
+        )
+    checkpoint = config["checkpoint"]
+    check_int("checkpoint.every_steps", checkpoint["every_steps"], 1, optional=True)
+    check_int("checkpoint.max_to_keep", checkpoint["max_to_keep"], 1, optional=True)
+    secs = checkpoint["every_secs"]
+    if secs is not None and (not _real(secs) or not math.isfinite(secs) or secs <= 0):
+        raise DataConfigError(
+            f"checkpoint.every_secs={secs!r} is invalid; expected a finite number > 0 or None"
+        )
+    check_int("adaptive_mixture.every_steps", config["adaptive_mixture"]["every_steps"], 0)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -51,7 +51,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Join a multi-process run detected by JAX (SLURM, MPI, k8s, TPU)."
 )
-_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "CPU devices per process (CPU runs).")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "CPU devices per process (CPU runs).", lower_bound=1
+)
 _INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", 300, "Seconds to wait for peers.")
 _START_DATA_FRESH = flags.DEFINE_bool(
     "start_data_fresh", False, "Restore only the model and start the data stream over."
@@ -407,12 +409,28 @@ def main(argv: list[str]) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing; a bad `--config` override is one line, not a traceback."""
+    """absl's flag parsing; a bad flag or `--config` override is one line, not a traceback.
+
+    A value of the wrong type (`--config.data.global_batch_size=abc`, `=12.5`)
+    or out of a flag's bounds (`--cpu_devices=0`) raises absl's flag error.
+    """
     try:
         return flags.FLAGS(argv)
     except (KeyError, AttributeError) as error:
-        print(f"FATAL Flags parsing error: {override_error(error)}", file=sys.stderr)
+        print(f"error: {override_error(error)}", file=sys.stderr)
         sys.exit(2)
+    except flags.Error as error:
+        print(f"error: {flag_error(error)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def flag_error(error: flags.Error) -> str:
+    """absl's message, with the expected type named for an override of a typed key."""
+    text = str(error).replace("\n", " ").strip()
+    for wrong, expected in (("for int()", "an integer"), ("to float", "a number")):
+        if wrong in text:
+            return f"{text.split(': ')[0]} is invalid; expected {expected} ({text})"
+    return text
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ by `max_to_keep`. Use it inside a composite::
         model=ocp.args.StandardRestore(abstract_state), data=DataCheckpointRestore(iterator)))
 
 Each process writes `process_<i>-of-<n>.json`: a header (our format version,
-grain's version, the process index and count, the data step and a fingerprint
-of the data config) and its iterator state. A planned iterator's state (the
+grain's version, the process index and count, the data step, the orbax step
+it was saved in and a fingerprint of the data config), its iterator state,
+and a SHA-256 checksum over both. A file edited by hand (still valid JSON) or
+damaged is refused by its checksum, naming it, and the steps of header, state
+and orbax step directory must agree. A planned iterator's state (the
 config path) is the step and the plan's cursor, the same in every file, so a
 restore on another process count reads the saving processes' files and checks
 that they agree. A restore refuses what would silently resume the wrong data: a
@@ -23,6 +26,7 @@ streaming iterator of the reference factories, another process count.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import re
@@ -56,7 +60,8 @@ from xlstm_data.multihost.planned_iterator import (
 from xlstm_data.sources.identity import describe_changes
 
 #: Version of the per-process file layout below; bump on format changes.
-CHECKPOINT_FORMAT_VERSION = 1
+#: 2: a checksum over header and state, and the orbax step in the header.
+CHECKPOINT_FORMAT_VERSION = 2
 
 STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
@@ -84,7 +89,9 @@ def _flat_config(iterator: Any, data_config: Any) -> dict[str, Any] | None:
 class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
     """Writes and reads one JSON file per process in the `data` item."""
 
-    def _record(self, args: DataCheckpointSave) -> tuple[str, dict[str, Any]]:
+    def _record(
+        self, directory: epath.Path, args: DataCheckpointSave
+    ) -> tuple[str, dict[str, Any]]:
         layout = args.iterator.layout
         state = args.iterator.get_state()
         flat = _flat_config(args.iterator, args.data_config)
@@ -94,19 +101,20 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             "process_index": layout.process_index,
             "process_count": layout.process_count,
             "step": state.get("step"),
+            "orbax_step": orbax_step_of(directory),
             "data_config_fingerprint": None if flat is None else fingerprint(flat),
             "data_config": flat,
         }
         if layout.process_index == 0:  # the file tables once, to name changed files
             header["data_files"] = getattr(args.iterator, "source_files", None)
         name = state_file_name(layout.process_index, layout.process_count)
-        return name, {"header": header, "state": state}
+        return name, {"header": header, "state": state, "checksum": checksum(header, state)}
 
     async def async_save(
         self, directory: epath.Path, args: DataCheckpointSave
     ) -> list[ocp.future.Future]:
         # The state is taken now, synchronously; only the write is deferred.
-        name, record = self._record(args)
+        name, record = self._record(directory, args)
         text = json.dumps(record)
 
         async def write() -> None:
@@ -115,7 +123,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
         return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="data_save")]
 
     def save(self, directory: epath.Path, args: DataCheckpointSave) -> None:
-        name, record = self._record(args)
+        name, record = self._record(epath.Path(directory), args)
         (epath.Path(directory) / name).write_text(json.dumps(record))
 
     def restore(self, directory: epath.Path, args: DataCheckpointRestore) -> dict[str, Any]:
@@ -156,6 +164,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
                 raise _missing_file_error(directory, path, layout.process_count)
             header, state = read_record(path)
             _check_header(path, header, layout)
+        _check_steps(directory, path, header, state)
         current = _flat_config(args.iterator, args.data_config)
         data_step = saved_data_step(state)
         changed, _ = _check_config(
@@ -307,7 +316,26 @@ def _check_version(path: epath.Path, header: Mapping[str, Any]) -> None:
         )
 
 
+def checksum(header: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+    """SHA-256 of header and state in a canonical JSON form (sorted keys)."""
+    text = json.dumps({"header": header, "state": state}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def orbax_step_of(directory: epath.Path) -> int | None:
+    """The step of the orbax step directory an item directory is in (also while in flight)."""
+    match = re.match(r"(\d+)", epath.Path(directory).parent.name)
+    return int(match.group(1)) if match else None
+
+
+_RESTORE_ELSEWHERE = (
+    "restore an earlier checkpoint step, or pass start_data_fresh=True (trainer_hooks.train: "
+    "--start_data_fresh) to start the data stream over deliberately"
+)
+
+
 def read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Header and state of a data-state file, whose checksum must hold."""
     try:
         record = json.loads(path.read_text())
         header, state = record["header"], record["state"]
@@ -316,10 +344,34 @@ def read_record(path: epath.Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
         raise DataCheckpointError(
             f"data-state file {path} is corrupted or truncated ({type(error).__name__}: "
-            f"{error}); restore an earlier checkpoint step or pass start_data_fresh=True to "
-            "start the data stream over deliberately"
+            f"{error}); {_RESTORE_ELSEWHERE}"
         ) from error
+    if header.get("format_version") == CHECKPOINT_FORMAT_VERSION and record.get(
+        "checksum"
+    ) != checksum(header, state):
+        raise DataCheckpointError(
+            f"data-state file {path} fails its checksum: it was edited or damaged after it was "
+            f"saved, so the position it holds cannot be trusted; {_RESTORE_ELSEWHERE}"
+        )
     return dict(header), dict(state)
+
+
+def _check_steps(
+    directory: epath.Path, path: epath.Path, header: Mapping[str, Any], state: Mapping[str, Any]
+) -> None:
+    """The header's step, the state's and the orbax step directory's must agree."""
+    if header.get("step") != state.get("step"):
+        raise DataCheckpointError(
+            f"data-state file {path} records step {header.get('step')} in its header but "
+            f"{state.get('step')} in its state; it is corrupted. {_RESTORE_ELSEWHERE}"
+        )
+    saved_in, found_in = header.get("orbax_step"), orbax_step_of(directory)
+    if saved_in is not None and found_in is not None and saved_in != found_in:
+        raise DataCheckpointError(
+            f"data-state file {path} was saved in checkpoint step {saved_in} but lies in step "
+            f"{found_in}; a data item moved between steps would resume the wrong data. "
+            f"{_RESTORE_ELSEWHERE}"
+        )
 
 
 def _missing_file_error(

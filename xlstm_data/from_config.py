@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from jax.sharding import Mesh
 
 from xlstm_data.batch import LLMBatch
@@ -141,7 +142,25 @@ def _train_plan(
     """The train plan on the opened sources (their lengths loaded), and the sources by name."""
     sources = {s.name: opened[f"data.train.{s.name}"] for s in mixed}
     lengths = [source_lengths(f"data.train.{n}", sources[n]) for n in spec.names]
+    _check_batch_fits(spec, lengths)
     return GlobalPlan(spec, lengths), sources
+
+
+def _check_batch_fits(spec: PlanSpec, lengths: Sequence[Any]) -> None:
+    """Refuses a global batch larger than the whole train corpus fills in one epoch.
+
+    Such a batch serves every document several times in every step; at absurd
+    sizes (10^12 rows) planning would spin for hours before the first batch.
+    """
+    tokens = sum(int(np.sum(x, dtype=np.int64)) + len(x) for x in lengths)  # EOD each
+    rows = -(-tokens // spec.row_length)
+    largest = spec.batch.global_batch_size
+    if largest > rows:
+        raise DataConfigError(
+            f"data.global_batch_size={largest} rows is more than the whole train corpus fills "
+            f"in one epoch ({rows} rows of data.max_target_length={spec.row_length} tokens); "
+            f"use at most {rows} rows, or more data"
+        )
 
 
 def iterators_from_config(

@@ -378,7 +378,7 @@ def validate_data_config(config: Any) -> DataConfig:
             "data.eval_global_batch_size", d["eval_global_batch_size"], 1, optional=True
         )
         or global_batch_size,
-        max_target_length=check_int("data.max_target_length", d["max_target_length"], 2),
+        max_target_length=_row_length(d["max_target_length"]),
         packing=packing_mode(d["packing"]),
         shift=_bool("data.shift", d["shift"]),
         shift_target=_bool("data.shift_target", d["shift_target"]),
@@ -403,3 +403,19 @@ def _choice(key: str, value: Any, valid: tuple[str, ...]) -> str:
     if value not in valid:
         raise DataConfigError(f"{key}={value!r} is invalid; expected one of {list(valid)}")
     return value
+
+
+#: Longest row accepted (16 Mi tokens): a longer one could not be allocated as
+#: a batch, nor embedded by a model, and would fail late (an OverflowError in
+#: the model at 10^11) instead of at validation.
+MAX_ROW_LENGTH = 1 << 24
+
+
+def _row_length(value: Any) -> int:
+    length = check_int("data.max_target_length", value, 2)
+    if length > MAX_ROW_LENGTH:
+        raise DataConfigError(
+            f"data.max_target_length={length} is invalid; expected an integer in "
+            f"[2, {MAX_ROW_LENGTH}] (tokens per row)"
+        )
+    return length

@@ -1,0 +1,113 @@
+"""Training keys, flag values and absurd sizes are refused by name, before any data is read.
+
+Each value here used to fail late or not at all: a ZeroDivisionError after
+step 1, an AssertionError in the model, NaN losses, "training finished" for
+-5 steps, no checkpoint kept with max_to_keep=0 (and a silent restart),
+hours spinning in the plan for a batch of 10^12 rows, an OverflowError in
+the model for rows of 10^11 tokens, and absl tracebacks for overrides of the
+wrong type.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import xlstm_data as xd
+from tests.multiprocess import REPO, subprocess_env
+from trainer_hooks.config import default_config, with_defaults
+
+CONFIG = str(REPO / "tests" / "train_config.py")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("log_every_steps", 0, "log_every_steps=0 is invalid; expected an integer >= 1"),
+        ("checkpoint.every_steps", 0, "checkpoint.every_steps=0 is invalid"),
+        ("checkpoint.max_to_keep", 0, "checkpoint.max_to_keep=0 is invalid"),
+        ("checkpoint.every_secs", -1.0, "checkpoint.every_secs=-1.0 is invalid"),
+        ("model.num_heads", 3, "model.num_heads=3 does not divide model.d_model=64"),
+        ("model.d_model", 0, "model.d_model=0 is invalid; expected an integer >= 1"),
+        ("model.vocab_size", 1, "model.vocab_size=1 is invalid; expected an integer >= 2"),
+        ("model.mlp_dim", 10**9, "model.mlp_dim=1000000000 is invalid; expected an integer <="),
+        ("learning_rate", float("nan"), "learning_rate=nan is invalid"),
+        ("learning_rate", 0.0, "learning_rate=0.0 is invalid"),
+        ("num_train_steps", -5, "num_train_steps=-5 is invalid; expected an integer >= 1"),
+        ("warmup_steps", -5, "warmup_steps=-5 is invalid; expected an integer >= 0"),
+        ("eval_every_steps", -1, "eval_every_steps=-1 is invalid"),
+        ("adaptive_mixture.every_steps", -1, "adaptive_mixture.every_steps=-1 is invalid"),
+    ],
+)
+def test_a_bad_training_key_is_refused_by_name(key, value, message):
+    config = default_config().to_dict()
+    section, *rest = key.split(".")
+    if rest:
+        config[section][rest[0]] = value
+    else:
+        config[section] = value
+    with pytest.raises(xd.DataConfigError) as error:
+        with_defaults(config)
+    assert message in str(error.value)
+
+
+def _data(**overrides):
+    data = {
+        "train": {"a": {"kind": "synthetic", "num_documents": 50, "mean_length": 30}},
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    data.update(overrides)
+    return data
+
+
+def test_a_batch_larger_than_the_corpus_is_refused_before_planning():
+    with pytest.raises(xd.DataConfigError) as error:
+        xd.iterators_from_config(_data(global_batch_size=10**12), xd.create_mesh())
+    message = str(error.value)
+    assert "data.global_batch_size=1000000000000 rows is more than the whole train corpus" in (
+        message
+    )
+    assert "use at most" in message
+
+
+def test_a_row_longer_than_any_model_can_embed_is_refused():
+    with pytest.raises(xd.DataConfigError, match=r"data.max_target_length=100000000000 is"):
+        xd.iterators_from_config(_data(max_target_length=10**11), xd.create_mesh())
+
+
+def _train(*flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "trainer_hooks.train", f"--config={CONFIG}", *flags]
+    return subprocess.run(
+        command, env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (
+            "--config.data.global_batch_size=abc",
+            "error: flag --config.data.global_batch_size=abc is invalid; expected an integer",
+        ),
+        (
+            "--config.data.global_batch_size=12.5",
+            "error: flag --config.data.global_batch_size=12.5 is invalid; expected an integer",
+        ),
+        (
+            "--config.data.train.long.weight=heavy",
+            "error: flag --config.data.train.long.weight=heavy is invalid; expected a number",
+        ),
+        ("--cpu_devices=0", "error: flag --cpu_devices=0: 0 is not a positive integer"),
+        ("--config.checkpoint.max_to_keep=0", "error: checkpoint.max_to_keep=0 is invalid"),
+    ],
+)
+def test_a_bad_flag_is_one_error_line(tmp_path, flag, message):
+    result = _train(f"--workdir={tmp_path / 'run'}", flag)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith(message), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
