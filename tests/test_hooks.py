@@ -133,7 +133,9 @@ def test_data_metrics_over_a_ramped_mixture(mesh):
         pieces = [planner.pieces_at(s) for s in range(previous, step)]
         assert report["split_documents"] == sum(int((p.start > 0).sum()) for p in pieces)
         begun = sum(int((p.start == 0).sum()) for p in pieces)
-        assert report["split_fraction"] == pytest.approx(report["split_documents"] / begun)
+        split = report["split_documents"]
+        assert report["split_fraction"] == pytest.approx(split / (begun + split))
+        assert 0 <= report["split_fraction"] <= 1
         previous = step
 
     # Over the whole run: the weights are token shares, so web's share of the
@@ -383,7 +385,19 @@ def test_hooks_agree_across_processes(tmp_path):
 def test_replay_check_finds_mismatched_replayed_steps():
     log = [{"step": s, "fingerprint": f"f{s}", "batch_size": 4, "loss": 1.0} for s in (1, 2, 3)]
     resumed = [{"step": s, "fingerprint": f"f{s}", "batch_size": 4, "loss": 1.0} for s in (3, 4)]
-    assert replay_check(log + resumed) == {"resumes": [2], "replayed": 1, "mismatched": []}
+    assert replay_check(log + resumed) == {
+        "resumes": [2],
+        "replayed": 1,
+        "mismatched": [],
+        "loss_drift": 0.0,
+    }
+    # Resumed on another device count: the same batch, a loss 5e-7 apart.
+    resumed[0]["loss"] = 1.0 + 5e-7
+    assert replay_check(log + resumed)["mismatched"] == []
+    assert replay_check(log + resumed)["loss_drift"] == pytest.approx(5e-7, rel=1e-3)
+    resumed[0]["loss"] = 1.01  # a model that diverged
+    assert replay_check(log + resumed)["mismatched"] == [3]
+    resumed[0]["loss"] = 1.0
     resumed[0]["fingerprint"] = "other"
     assert replay_check(log + resumed)["mismatched"] == [3]
 

@@ -475,3 +475,16 @@ def test_synthetic_pickle() -> None:
     src = SyntheticSource(50, mean_length=10, seed=3, max_length=40)
     _assert_pickles(src)
     assert "max_length=40" in repr(src)
+
+
+def test_blank_lines_are_skipped_with_a_warning_naming_the_file(tmp_path, caplog):
+    import logging
+
+    from xlstm_data.sources import TextFileSource
+
+    path = tmp_path / "notes.txt"
+    path.write_text("first\n\n   \nsecond\n\n")
+    with caplog.at_level(logging.WARNING):
+        source = TextFileSource(str(path), unit="line")
+    assert len(source) == 2
+    assert f"{path}: 3 blank line(s) skipped" in caplog.text

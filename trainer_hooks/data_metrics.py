@@ -91,6 +91,11 @@ class DataMetricsHook(StepAnchoredAction):
             offset += vector.size
         return out
 
+    def tokens_seen(self) -> int:
+        """Tokens handed out so far, over all data hosts (a collective: call it everywhere)."""
+        (totals,) = self._over_hosts(self.iterator.data_counters.as_vector())
+        return int(totals[_TOKENS])
+
     def _apply(self, step: int, t: float) -> None:
         local = self.iterator.data_counters.as_vector()
         delta, totals = self._over_hosts(local - self._last_local, local)
@@ -125,6 +130,8 @@ class DataMetricsHook(StepAnchoredAction):
                     scalars[f"loss/{name}"] = loss
         if delta[_DOCUMENTS]:
             scalars["split_documents"] = delta[_SPLIT]
-            scalars["split_fraction"] = delta[_SPLIT] / delta[_DOCUMENTS]
+            # The share of row pieces that continue a document from an earlier
+            # row: in [0, 1] however many rows a long document spans.
+            scalars["split_fraction"] = delta[_SPLIT] / (delta[_DOCUMENTS] + delta[_SPLIT])
         self.latest = {k: float(v) for k, v in scalars.items()}
         self.writer.write_scalars(step, {self.prefix + k: v for k, v in self.latest.items()})

@@ -293,10 +293,21 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
 
     def evaluate(step: int) -> None:
         for name, iterator in eval_iters.items():
+            started = time.perf_counter()
+            logging.info("eval %s at step %d: %s batches", name, step, iterator.iterator_length)
             totals = [eval_fn(state, batch) for batch in iterator]
             loss_sum = sum(float(t["loss_sum"]) for t in totals)
             tokens = sum(float(t["tokens"]) for t in totals)
-            writer.write_scalars(step, {f"eval/{name}/loss": loss_sum / max(tokens, 1.0)})
+            loss = loss_sum / max(tokens, 1.0)
+            writer.write_scalars(step, {f"eval/{name}/loss": loss})
+            logging.info(
+                "eval %s at step %d: loss %.4f over %d tokens in %.1f s",
+                name,
+                step,
+                loss,
+                tokens,
+                time.perf_counter() - started,
+            )
 
     eval_every = int(config.eval_every_steps or 0)
     if start_step >= num_steps:
@@ -333,6 +344,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         checkpoint_hook.finish(num_steps)
         if eval_iters and not (eval_every and num_steps % eval_every == 0):
             evaluate(num_steps)
+    tokens_seen = data_hook.tokens_seen()  # over every data host
     writer.flush()
     batch_log.close()
     manager.close()
@@ -347,7 +359,7 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
         "saved_steps": list(manager.all_steps()),
         "metrics": str(workdir_path / "metrics.jsonl"),
         "batches": str(workdir_path / "batches.jsonl"),
-        "tokens_seen": int(train_iter.data_counters.tokens),
+        "tokens_seen": tokens_seen,
         "data_wait_secs": float(np.round(train_iter.data_counters.wait_secs, 3)),
         "train_secs": float(np.round(train_secs, 3)),
     }

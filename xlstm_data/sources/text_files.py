@@ -132,6 +132,7 @@ class TextFileSource(TokenSource):
                     line_numbers.append(1)
                 continue
             offset = 0
+            blank = 0
             with open(path, "rb") as f:
                 stat = os.fstat(f.fileno())
                 self._signatures.append(
@@ -144,7 +145,16 @@ class TextFileSource(TokenSource):
                         offsets.append(offset)
                         lengths.append(len(content))
                         line_numbers.append(line_number)
+                    else:
+                        blank += 1
                     offset += len(line)
+            if blank:
+                logging.warning(
+                    "TextFileSource: %s: %d blank line(s) skipped (unit='line': a document is a "
+                    "non-blank line; unit='file' keeps each file whole)",
+                    path,
+                    blank,
+                )
         self._file_ids = np.frombuffer(file_ids, dtype=np.int32).copy()
         self._offsets = np.frombuffer(offsets, dtype=np.int64).copy()
         self._lengths = np.frombuffer(lengths, dtype=np.int64).copy()
