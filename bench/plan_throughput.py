@@ -221,10 +221,13 @@ def measure_variant(
             plan, sources, mesh, eod_token_id=EOD, worker_count=variant.workers
         )
 
-    # The host pipeline is the grain dataset the iterator itself iterates.
+    # The host pipeline is the one the iterator itself iterates (a new one per call).
     first = planned_global()
-    host_dataset = first._dataset(0, None)  # noqa: SLF001
     first.close()
+
+    def host_pipeline() -> Any:
+        return first._pipeline(0, None)  # noqa: SLF001
+
     baseline = throughput.grain_pipeline(files, mixture, seeds, max_lengths, grain_variant, sizes)
     streaming_iterator = common.our_iterator(
         files,
@@ -251,7 +254,7 @@ def measure_variant(
     iterators: dict[str, Any] = {}
     try:
         iterators["grain"] = iter(baseline)
-        iterators["planned"] = _Batches(iter(host_dataset))
+        iterators["planned"] = _Batches(host_pipeline())
         iterators["streaming"] = iter(streaming)
         iterators["planned_global"] = planned_global()
         for iterator in iterators.values():
