@@ -111,3 +111,49 @@ def test_a_bad_flag_is_one_error_line(tmp_path, flag, message):
     assert lines[-1].startswith(message), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _prepared(tmp_path):
+    import numpy as np
+
+    from xlstm_data.prepare.corpus import prepare_corpus
+
+    rng = np.random.default_rng(0)
+    rows = rng.integers(2, 250, size=(300, 40)).astype(np.int32)
+    np.save(tmp_path / "ids.npy", rows)
+    out = tmp_path / "corpus"
+    prepare_corpus([str(tmp_path / "ids.npy")], str(out), vocab_size=258)
+    return out
+
+
+def test_lengths_edited_after_prepare_are_one_error_line_naming_what_to_rerun(tmp_path):
+    import numpy as np
+
+    corpus = _prepared(tmp_path)
+    lengths = np.load(corpus / "lengths.npy")
+    lengths[0::2] += 3  # every document off, the shard's total right: the index check
+    lengths[1::2] -= 3  # cannot see it, only reading can
+    np.save(corpus / "lengths.npy", lengths)
+    config = f"{REPO / 'configs' / 'prepared.py'}:{corpus}"
+    command = [
+        sys.executable,
+        "-m",
+        "trainer_hooks.train",
+        f"--config={config}",
+        f"--workdir={tmp_path / 'run'}",
+        "--config.num_train_steps=3",
+        "--config.data.max_target_length=64",
+        "--config.data.global_batch_size=4",
+    ]
+    result = subprocess.run(
+        command, env=subprocess_env(), capture_output=True, text=True, timeout=180, cwd=REPO
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = [line for line in result.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("error: data.train.corpus: document "), last
+    assert "rerun `xlstm-data index`" in last, last
+    assert "Traceback" not in result.stderr
+    debug = subprocess.run(
+        [*command, "--debug"], env=subprocess_env(), capture_output=True, text=True, timeout=180
+    )
+    assert "Traceback" in debug.stderr and "DataReadError" in debug.stderr

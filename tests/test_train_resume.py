@@ -335,3 +335,33 @@ def test_orbax_finalize_asking_an_older_step_does_not_move_jaxs_sync_counter(tmp
     assert reported == [5, 6, 7, 7, 8]
     assert answers == [False, False, False, True, False, True, False]
     manager.close()
+
+
+@pytest.mark.parametrize("damage", ["metadata", "data"])
+def test_a_damaged_latest_step_names_restore_step_which_resumes_the_earlier_one(
+    tmp_path, uninterrupted_run, damage
+):
+    reference = {r["step"]: r for r in records(uninterrupted_run(1))}
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    # Saves at 7 and 14, both kept; the latest is then damaged.
+    every = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
+    wait_all(launch(workdir, 1, "--config.num_train_steps=14", *every))
+    latest = workdir / "checkpoints" / "14"
+    if damage == "metadata":
+        (latest / "model" / "_METADATA").unlink()
+    else:
+        path = latest / "data" / "process_0-of-1.json"
+        path.write_text(path.read_text().replace('"cursor": [14', '"cursor": [15'))
+    out = wait_all(launch(workdir, 1, *every), expect=1)
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert last.startswith("error: ") and ("step 14" in last or "/14/" in last), last
+    assert "--restore_step=7" in last and "Traceback" not in out, last
+    # Restoring step 7 sets step 14 aside and trains on exactly the batches of the first run.
+    wait_all(launch(workdir, 1, "--restore_step=7", *every))
+    assert (workdir / "abandoned_checkpoints").exists()
+    assert committed_steps(workdir) == [7, 14, 21, 28, 30]
+    resumed = [r for r in records(workdir) if r["step"] > 7][-23:]
+    assert [r["step"] for r in resumed] == list(range(8, 31))
+    for record in resumed:
+        assert record["fingerprint"] == reference[record["step"]]["fingerprint"], record["step"]

@@ -119,6 +119,53 @@ if __name__ == "__main__":
 """
 
 
+#: Restarts workers 8 times and sends SIGTERM to the whole group while each
+#: set starts (the window before a worker ignores it), then reads on.
+SIGTERM_AT_START_SCRIPT = """
+import os, signal, threading, time
+import numpy as np
+import xlstm_data as xd
+
+DATA = {
+    "train": {"a": {"kind": "synthetic", "num_documents": 400, "mean_length": 60}},
+    "global_batch_size": 8, "max_target_length": 64, "worker_count": 2,
+}
+
+if __name__ == "__main__":
+    signals = []
+    signal.signal(signal.SIGTERM, lambda *_: signals.append(1))
+    mesh = xd.create_mesh()
+    reference, _ = xd.iterators_from_config(dict(DATA, worker_count=0), mesh)
+    expected = [np.asarray(next(reference).inputs) for _ in range(40)]
+    reference.close()
+    train, _ = xd.iterators_from_config(DATA, mesh)
+    start = train.get_state()
+    for round in range(8):
+        train.set_state(start)  # new workers start now, in a background thread
+        train.start_prefetch()
+        for _ in range(8):  # the group signal, again and again while they start
+            os.killpg(0, signal.SIGTERM)
+            time.sleep(0.02)
+        for step in range(40):
+            assert np.array_equal(np.asarray(next(train).inputs), expected[step]), (round, step)
+    train.close()
+    print("rounds 8, signals", len(signals))
+"""
+
+
+#: A plain script without the `__main__` guard that asks for workers.
+GUARDLESS_SCRIPT = """
+import xlstm_data as xd
+
+data = {
+    "train": {"a": {"kind": "synthetic", "num_documents": 400}},
+    "global_batch_size": 8, "max_target_length": 64, "worker_count": 2,
+}
+train, _ = xd.iterators_from_config(data, xd.create_mesh())
+print("batch", next(train).inputs.shape)
+"""
+
+
 def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
 
@@ -155,6 +202,26 @@ def test_workers_run_in_a_plain_script_and_exit_leaves_no_shared_memory(tmp_path
 def test_workers_survive_a_sigterm_to_the_process_group(tmp_path):
     out = _assert_clean_run(_run_script(tmp_path, GROUP_SIGTERM_SCRIPT, own_group=True))
     assert "parent got SIGTERM" in out and "60 batches after the signal" in out
+
+
+def test_workers_starting_while_the_group_gets_sigterm_survive(tmp_path):
+    """The race of `test_workers_survive_a_sigterm_to_the_process_group`, hit 64 times.
+
+    Each round restarts the workers and signals the group 8 times while they
+    start; a worker killed before its `worker_init_fn` would end the run with
+    "terminated unexpectedly".
+    """
+    out = _assert_clean_run(_run_script(tmp_path, SIGTERM_AT_START_SCRIPT, own_group=True))
+    assert "rounds 8, signals 64" in out
+
+
+def test_a_script_without_the_main_guard_is_refused_before_any_worker_starts(tmp_path):
+    result = _run_script(tmp_path, GUARDLESS_SCRIPT)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "worker_count=2 starts worker processes" in last, result.stderr[-3000:]
+    assert 'no `if __name__ == "__main__":` block' in last and "worker_count=0" in last
+    assert "batch" not in result.stdout  # neither the script nor a worker re-running it trained
 
 
 def test_workers_leave_an_absl_apps_flags_alone(tmp_path):

@@ -272,13 +272,33 @@ def restore_or_initialize(
             args[name] = ocp.args.JsonRestore()
         else:
             logging.warning("checkpoint step %d has no %r item; it starts empty", step, name)
-    restored = manager.restore(step, args=ocp.args.Composite(**args))
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(**args))
+    except DataCheckpointError as error:
+        raise DataCheckpointError(f"{error}{_earlier_steps_hint(manager, step)}") from error
+    except Exception as error:  # orbax's own: a damaged or incomplete step
+        summary = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        raise DataCheckpointError(
+            f"checkpoint step {step} in {manager.directory} could not be restored "
+            f"({type(error).__name__}: {summary}); it is damaged or incomplete"
+            f"{_earlier_steps_hint(manager, step)}"
+        ) from error
     for name, set_state in (extra_items or {}).items():
         if name in args:
             set_state(restored[name])
     logging.info("restored step %d from %s (items %s)", step, manager.directory, sorted(args))
     _start_prefetch(iterator)
     return restored[MODEL_ITEM], step
+
+
+def _earlier_steps_hint(manager: ocp.CheckpointManager, step: int) -> str:
+    earlier = sorted(s for s in manager.all_steps() if s < step)
+    if not earlier:
+        return "; no earlier step is kept"
+    return (
+        f"; restore an earlier step: trainer_hooks.train --restore_step={earlier[-1]} "
+        f"(restore_or_initialize(step=...); steps kept: {earlier})"
+    )
 
 
 def _iterator_mesh(iterator: Any, mesh: Mesh | None) -> Mesh | None:

@@ -28,6 +28,7 @@ import numpy as np
 import portpicker
 from absl import app, flags, logging
 from etils import epath
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer_hooks.adaptive_mixture import ADAPTIVE_MIXTURE_ITEM, AdaptiveMixtureHook
@@ -38,7 +39,13 @@ from trainer_hooks.data_metrics import DataMetricsHook
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
 from trainer_hooks.progress import ProgressHook
 from trainer_hooks.writers import WRITER_KINDS, make_writer
-from xlstm_data import DataCheckpointError, DataConfigError, create_mesh, iterators_from_config
+from xlstm_data import (
+    DataCheckpointError,
+    DataConfigError,
+    DataReadError,
+    create_mesh,
+    iterators_from_config,
+)
 from xlstm_data.config.overrides import define_config_file, override_error
 
 _CONFIG = define_config_file(
@@ -55,6 +62,12 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "CPU devices per process (CPU runs).", lower_bound=1
 )
 _INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", 300, "Seconds to wait for peers.")
+_RESTORE_STEP = flags.DEFINE_integer(
+    "restore_step",
+    None,
+    "Restore this checkpoint step instead of the latest (e.g. when the latest is damaged).",
+    lower_bound=0,
+)
 _START_DATA_FRESH = flags.DEFINE_bool(
     "start_data_fresh", False, "Restore only the model and start the data stream over."
 )
@@ -77,6 +90,9 @@ _WRITER = flags.DEFINE_enum(
     list(WRITER_KINDS),
     "Metrics to WORKDIR/metrics.jsonl (jsonl), and also TensorBoard event files to "
     "WORKDIR/tensorboard (tensorboard; needs no TensorFlow).",
+)
+_DEBUG = flags.DEFINE_bool(
+    "debug", False, "Show the traceback behind an error line (also XLSTM_DATA_DEBUG=1)."
 )
 _FINGERPRINTS = flags.DEFINE_bool(
     "fingerprints", True, "Log a per-step batch fingerprint to WORKDIR/batches.jsonl."
@@ -143,6 +159,33 @@ def _start_processes() -> None:
             process_id=0,
             initialization_timeout=_INIT_TIMEOUT.value,
         )
+
+
+def _set_later_steps_aside(manager: Any, step: int, aside: epath.Path) -> None:
+    """Moves the steps after `step` out of the way, so the run continues from `step`.
+
+    They belong to the continuation being abandoned (a damaged latest step,
+    say); kept in `aside`, never deleted, and the run saves its own steps.
+    """
+    kept = sorted(manager.all_steps())
+    if step not in kept:
+        raise DataCheckpointError(
+            f"--restore_step={step} is not a checkpoint step in {manager.directory}; steps "
+            f"kept: {kept}"
+        )
+    later = [s for s in kept if s > step]
+    if not later:
+        return
+    if jax.process_index() == 0:
+        aside.mkdir(parents=True, exist_ok=True)
+        for s in later:
+            target = aside / f"{s}.{time.strftime('%Y%m%dT%H%M%S')}"
+            epath.Path(manager.directory / str(s)).rename(target)
+            logging.warning(
+                "--restore_step=%d: set checkpoint step %d aside in %s", step, s, target
+            )
+    multihost_utils.sync_global_devices("restore_step_set_aside")
+    manager.reload()
 
 
 def _env_int(name: str) -> int | None:
@@ -228,10 +271,14 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     )
     state = init(jax.random.key(int(config.seed)))
     saved_mixture: list[Any] = []  # the adaptive hook's saved sums, if any
+    restore_step = _RESTORE_STEP.value
+    if restore_step is not None:
+        _set_later_steps_aside(manager, restore_step, workdir_path / "abandoned_checkpoints")
     state, start_step = restore_or_initialize(
         manager,
         train_iter,
         state,
+        step=restore_step,
         start_data_fresh=_START_DATA_FRESH.value,
         allow_data_config_change=_ALLOW_CHANGE.value,
         extra_items={ADAPTIVE_MIXTURE_ITEM: saved_mixture.append} if adaptive_on else None,
@@ -403,9 +450,11 @@ def main(argv: list[str]) -> None:
     _start_processes()
     try:
         summary = train(_CONFIG.value, _WORKDIR.value)
-    except (DataConfigError, DataCheckpointError) as error:
-        # A user's error: its message names the key and what is valid; no traceback.
-        print(f"error: {error}", file=sys.stderr)
+    except (DataConfigError, DataCheckpointError, DataReadError) as error:
+        # A user's error: its message names the key, file or record and what is valid.
+        if _DEBUG.value or os.environ.get("XLSTM_DATA_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {error} (--debug shows where)", file=sys.stderr)
         sys.exit(1)
     if jax.process_index() == 0:
         if summary["preempted"]:

@@ -121,9 +121,20 @@ def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagV
     return fv, positional
 
 
+#: Set (to anything but "" or "0") to see the traceback behind an `error:` line.
+DEBUG_ENV = "XLSTM_DATA_DEBUG"
+
+
 def run_command(command: Command, argv: Sequence[str], prog: str) -> int:
-    """Parses, handles `--help`, runs, and turns user errors into one line and status 2."""
+    """Parses, handles `--help`, runs, and turns user errors into one line and status 2.
+
+    `--debug` (any command) or `XLSTM_DATA_DEBUG=1` shows the traceback instead.
+    """
     flags_part = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    debug = "--debug" in flags_part or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if "--debug" in flags_part:
+        argv = [arg for i, arg in enumerate(argv) if not (arg == "--debug" and i < len(flags_part))]
+        flags_part = [arg for arg in flags_part if arg != "--debug"]
     if any(arg in _HELP_ARGS for arg in flags_part):
         fv = flags.FlagValues()
         command.define(fv, [])
@@ -133,10 +144,14 @@ def run_command(command: Command, argv: Sequence[str], prog: str) -> int:
         fv, positional = parse(command, argv, prog)
         return command.run(fv, positional)
     except UsageError as error:
+        if debug:
+            raise
         print(f"{prog}: error: {error}\n(see '{prog} --help')", file=sys.stderr)
         return 2
     except (DataConfigError, DataReadError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"{prog}: error: {error} (--debug shows where)", file=sys.stderr)
         return 2
 
 

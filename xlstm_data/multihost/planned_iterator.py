@@ -170,8 +170,7 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
         # Each worker walks the plan from the cursor to its own steps.
         later = self._batches(step + handover, cursor).to_iter_dataset(read)
         return WorkerHandover(
-            iter(batches[:handover].to_iter_dataset(read)),
-            iter(prefetch_in_workers(later, options)),
+            iter(batches[:handover].to_iter_dataset(read)), prefetch_in_workers(later, options)
         )
 
     def _restart(self, state: Mapping[str, Any] | None) -> None:

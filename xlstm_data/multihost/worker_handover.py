@@ -18,11 +18,13 @@ no worker or shared-memory segment outlives the process.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
 from absl import logging
+
+from xlstm_data.multihost.prefetch import block_job_signals
 
 
 class WorkerHandover:
@@ -30,17 +32,23 @@ class WorkerHandover:
 
     Args:
       in_process: Iterator of the first steps, computed in this process.
-      workers: The workers' iterator, starting at the step after them; its
-        first element is requested at once, in a helper thread, which starts
-        the worker processes.
+      workers: The workers' pipeline, starting at the step after them; its
+        iterator is made and its first element requested at once, in a
+        helper thread that blocks the job's signals (`block_job_signals`),
+        which starts the worker processes.
     """
 
-    def __init__(self, in_process: Iterator[Any], workers: Iterator[Any]):
+    def __init__(self, in_process: Iterator[Any], workers: Iterable[Any]):
         self._in_process: Iterator[Any] | None = in_process
-        self._workers = workers
-        self._starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
-        self._first: futures.Future | None = self._starter.submit(next, workers)
-        self._starter.shutdown(wait=False)
+        self._workers: Iterator[Any] | None = None
+        starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
+        self._first: futures.Future | None = starter.submit(self._start, workers)
+        starter.shutdown(wait=False)
+
+    def _start(self, workers: Iterable[Any]) -> Any:
+        block_job_signals()
+        self._workers = iter(workers)
+        return next(self._workers)
 
     def __iter__(self) -> WorkerHandover:
         return self
@@ -54,20 +62,21 @@ class WorkerHandover:
         if self._first is not None:
             first, self._first = self._first, None
             return first.result()  # raises what the workers raised, StopIteration included
+        assert self._workers is not None
         return next(self._workers)
 
     def close(self) -> None:
         """Stops the workers and waits until they are gone."""
         self._close_in_process()
         first, self._first = self._first, None
-        _close_workers(first, self._workers)
+        _close_workers(first, self)
 
     def close_in_background(self) -> None:
         """Stops the workers in a background thread (a restart need not wait for it)."""
         self._close_in_process()
         first, self._first = self._first, None
         threading.Thread(
-            target=_close_workers, args=(first, self._workers), name="xlstm-data-close-workers"
+            target=_close_workers, args=(first, self), name="xlstm-data-close-workers"
         ).start()
 
     def _close_in_process(self) -> None:
@@ -77,11 +86,12 @@ class WorkerHandover:
         self._in_process = None
 
 
-def _close_workers(first: futures.Future | None, workers: Any) -> None:
+def _close_workers(first: futures.Future | None, handover: WorkerHandover) -> None:
     """Waits until the workers have started (grain's iterator is not thread-safe), then closes."""
     try:
         if first is not None:
             futures.wait([first])
-        workers.close()
+        if handover._workers is not None:  # noqa: SLF001 - set by the starter, read after it
+            handover._workers.close()  # noqa: SLF001
     except Exception as error:  # noqa: BLE001 - a background close must not kill the thread
         logging.warning("closing grain workers in the background failed: %s", error)

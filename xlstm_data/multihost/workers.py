@@ -22,9 +22,13 @@ process that started it, so a killed training job leaves no orphans behind.
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
+import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -122,6 +126,9 @@ class ExitWithParent:
                 signal.signal(signum, signal.SIG_IGN)
             except ValueError:  # not the worker's main thread
                 logging.warning("grain worker %d keeps the default %s handler", os.getpid(), signum)
+        # Started with them blocked (`prefetch.block_job_signals`): one sent to the job
+        # meanwhile was pending, and is dropped now that they are ignored.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         threading.Thread(
             target=_exit_when_parent_changes,
             args=(self.parent_pid, self.interval_s),
@@ -149,6 +156,42 @@ def _min_shm_size_set_by_user(dataset: grain.IterDataset) -> bool:
     return False
 
 
+@functools.cache
+def _script_without_main_guard() -> str | None:
+    """The path of the `__main__` script if it has no `if __name__ == "__main__":` block.
+
+    grain starts its workers with the spawn method, which imports the main
+    script again in every worker: without the guard each worker re-runs the
+    whole script (building iterators, training), and a script that started
+    workers at import hung forever. Not a file (an interactive session, a
+    notebook, `python -c`): None.
+    """
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not path.endswith(".py") or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            tree = ast.parse(file.read(), path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
+            return None
+    return path
+
+
+def check_main_guard(worker_count: int) -> None:
+    """Refuses workers when the main script would re-run in each of them."""
+    path = _script_without_main_guard() if worker_count > 0 else None
+    if path is not None and multiprocessing.parent_process() is None:
+        raise DataConfigError(
+            f"worker_count={worker_count} starts worker processes, which import the main "
+            f'script {path} again and, as it has no `if __name__ == "__main__":` block, '
+            "would re-run all of it in every worker; put the code that builds the iterators "
+            "and trains under that guard, or set worker_count=0 (data.worker_count=0)"
+        )
+
+
 def prefetch_in_workers(
     dataset: grain.IterDataset, options: grain.MultiprocessingOptions
 ) -> grain.IterDataset:
@@ -161,6 +204,7 @@ def prefetch_in_workers(
     """
     if options.num_workers == 0:
         return dataset
+    check_main_guard(options.num_workers)
     allow_grain_flag_reads()
     if not _min_shm_size_set_by_user(dataset):
         dataset = grain.experimental.WithOptionsIterDataset(

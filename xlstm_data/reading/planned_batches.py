@@ -21,6 +21,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from xlstm_data.errors import DataReadError
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan, HostPlanner
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.row_assembly import assemble_rows
@@ -101,9 +102,34 @@ class PlannedBatchDataset(grain.MapDataset):
                 ]
 
         if self._executor is None or len(documents) < 2:
-            return list(read_many(documents))
-        chunks = np.array_split(documents, min(self._read_threads, len(documents)))
-        return [tokens for part in self._executor.map(read_many, chunks) for tokens in part]
+            tokens = list(read_many(documents))
+        else:
+            chunks = np.array_split(documents, min(self._read_threads, len(documents)))
+            tokens = [t for part in self._executor.map(read_many, chunks) for t in part]
+        self._check_lengths(source, documents, tokens)
+        return tokens
+
+    def _check_lengths(self, source: int, documents: np.ndarray, tokens: list[np.ndarray]) -> None:
+        """Every document read must be as long as the plan was told, or rows would be wrong.
+
+        A longer one would be cut silently, a shorter one leave a row short:
+        both mean the lengths (an edited `lengths.npy`, a stale cache) are
+        not those of the documents.
+        """
+        got = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+        want = np.asarray(self._plan.lengths[source])[documents]
+        wrong = np.flatnonzero(got != want)
+        if wrong.size:
+            first = int(wrong[0])
+            name = self._plan.spec.names[source]
+            raise DataReadError(
+                f"data.train.{name}: document {int(documents[first])} holds {int(got[first])} "
+                f"tokens but the lengths the plan was built on say {int(want[first])} "
+                f"({wrong.size} of the {len(documents)} documents of this step disagree): the "
+                "lengths (index.json/lengths.npy, or the lengths cache) are not those of the "
+                "documents read; rerun `xlstm-data index` on the shards, or delete the cache "
+                "entry, and restart"
+            )
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):

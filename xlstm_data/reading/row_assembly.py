@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from xlstm_data.batch import LLM_BATCH_FIELDS, SOURCE_ID_FIELD, SOURCE_ID_PADDING
+from xlstm_data.errors import DataReadError
 from xlstm_data.plan.pieces import Pieces
 
 #: Reads documents `documents` (int64 array) of plan source `source` as 1-D int32 tokens.
@@ -87,10 +88,15 @@ def assemble_rows(
     # Padding reads two zeros at the end (inputs, and targets one further on).
     flat, sizes = _example_streams(tokens, shift, shift_target, eod_token_id, 2)
     pad = len(flat) - 2
-    if np.any(pieces.stop + (1 if shift else 0) > sizes[which]):
-        raise ValueError(
-            "a planned piece lies beyond its document's end: the document lengths the plan "
-            "used do not match the documents read (stale lengths index or cache?)"
+    beyond = np.flatnonzero(pieces.stop + (1 if shift else 0) > sizes[which])
+    if beyond.size:
+        piece = int(beyond[0])
+        raise DataReadError(
+            f"document {int(pieces.document[piece])} of plan source {int(pieces.source[piece])} "
+            f"holds {int(sizes[which][piece]) - (2 if shift and not shift_target else 1)} tokens "
+            "but its recorded length is longer: the lengths the plan used (index.json/"
+            "lengths.npy, or the lengths cache) do not match the documents read; rerun "
+            "`xlstm-data index` on the shards, or delete the cache entry"
         )
     stream_offset = np.cumsum(sizes) - sizes
     lengths = pieces.stop - pieces.start
