@@ -280,3 +280,28 @@ def test_an_iterator_over_llm_batches_keeps_their_extra_fields():
     iterator.close()
     assert [float(np.asarray(b.loss_weights)[0, 0]) for b in got] == [0.0, 1.0, 2.0]
     assert got[0].loss_weights.sharding == got[0].inputs.sharding
+
+
+def test_a_batch_reads_as_a_mapping_of_its_fields_for_dict_style_loops():
+    from collections.abc import Mapping
+
+    from xlstm_data import LLMBatch
+
+    fields = {name: np.full((2, 4), i, np.int32) for i, name in enumerate(LLM_BATCH_FIELDS)}
+    batch = LLMBatch.from_dict({**fields, "loss_weights": np.ones((2, 4), np.float32)})
+    assert isinstance(batch, Mapping)
+    assert list(batch) == [*LLM_BATCH_FIELDS, "loss_weights"] == list(batch.keys())
+    assert len(batch) == 7 and batch.shape == (2, 4)
+    assert batch["inputs"] is batch.inputs and batch.get("inputs") is batch.inputs
+    assert batch["loss_weights"] is batch.loss_weights
+    assert batch.get("nope") is None and batch.get("nope", 3) == 3
+    assert "targets" in batch and "nope" not in batch and 0 not in batch
+    assert dict(batch)["targets"] is batch.targets and dict(**batch).keys() == batch.keys()
+    assert [k for k, _ in batch.items()] == list(batch)
+    with pytest.raises(KeyError, match="has no field 'nope'"):
+        batch["nope"]
+    # Still a pytree, and integer/slice keys still index every field.
+    assert len(jax.tree.leaves(batch)) == 7
+    assert batch[:1].shape == (1, 4)
+    doubled = jax.jit(lambda b: {k: v * 2 for k, v in b.items()})(batch)
+    assert np.array_equal(doubled["inputs_segmentation"], fields["inputs_segmentation"] * 2)

@@ -62,15 +62,33 @@ def _auto_mesh(dims: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Me
     return jax.make_mesh(dims, names, axis_types=(jax.sharding.AxisType.Auto,) * len(dims))
 
 
-def test_mesh_without_dp_or_fsdp_is_refused_rather_than_replicated():
-    mesh = _auto_mesh((4,), ("data",))
+def test_mesh_without_data_dp_or_fsdp_is_refused_rather_than_replicated():
+    mesh = _auto_mesh((4,), ("batch",))
     for call in (xd.data_sharding, xd.data_parallel_size, xd.data_host_layout):
         with pytest.raises(xd.DataConfigError) as info:
             call(mesh)
         message = str(info.value)
         assert "batch_axis_names=None" in message
-        assert "('dp', 'fsdp')" in message and "{'data': 4}" in message
-        assert "batch_axis_names=('data',)" in message and "batch_axis_names=()" in message
+        assert "('data', 'dp', 'fsdp')" in message and "{'batch': 4}" in message
+        assert "batch_axis_names=('batch',)" in message and "batch_axis_names=()" in message
+
+
+@pytest.mark.parametrize(
+    ("dims", "names", "axes"),
+    [
+        ((4,), ("data",), ("data",)),  # a plain data-parallel mesh
+        ((2, 2, 1), ("data", "fsdp", "tensor"), ("data", "fsdp")),  # Flax lm1b's
+        ((1, 2, 2), ("tensor", "data", "fsdp"), ("data", "fsdp")),
+    ],
+)
+def test_default_batch_axes_split_the_batch_on_lm1b_and_maxtext_meshes(dims, names, axes):
+    mesh = _auto_mesh(dims, names)
+    layout = xd.data_host_layout(mesh)
+    assert layout.batch_axis_names == axes
+    assert layout.data_parallel_size == 4
+    array = jax.make_array_from_process_local_data(layout.sharding(mesh), np.arange(8), (8,))
+    # Every device holds 2 of the 8 rows: the batch is split, never copied whole.
+    assert sorted(len(r) for r in _rows_by_device(array).values()) == [2, 2, 2, 2]
 
 
 def _rows_by_device(array: jax.Array) -> dict[int, list[int]]:

@@ -146,7 +146,7 @@ def test_a_mesh_without_dp_or_fsdp_trains_with_its_batch_axis_named(tmp_path):
         tmp_path / "refused",
         REPO / "tests" / "train_config.py",
         "--cpu_devices=4",
-        "--config.mesh.axis_dims=data:-1",
+        "--config.mesh.axis_dims=batch:-1",
         expect=1,
     )
     assert "batch_axis_names" in error

@@ -41,7 +41,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
         "smoothing": 0.1,
         "reference_loss": None,
     },
-    # batch_axis_names None: the dp/fsdp axes the mesh has (e.g. "data" for a mesh "data:-1").
+    # batch_axis_names None: the data/dp/fsdp axes the mesh has (a mesh "batch:-1" must name it).
     "mesh": {"axis_dims": "dp:1,fsdp:-1,tp:1,sp:1", "batch_axis_names": None},
 }
 

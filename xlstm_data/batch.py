@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 import jax
@@ -184,8 +184,39 @@ class LLMBatch:
         """Shape of the token arrays: `(batch, sequence)`."""
         return tuple(self.inputs.shape)
 
-    def __getitem__(self, key: Any) -> LLMBatch:
-        """Indexes every array field at once, as xlstm-jax's batches do.
+    # Read-only mapping of the fields, for loops written for dict batches --------
+
+    def keys(self) -> KeysView[str]:
+        """The field names: the six, then the extra fields (as `to_dict`)."""
+        return self.to_dict().keys()
+
+    def values(self) -> ValuesView[Any]:
+        return self.to_dict().values()
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.to_dict().items()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field by name (`batch.get("inputs")`), or `default` if there is none."""
+        return self.to_dict().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.to_dict()
+
+    def __iter__(self) -> Iterator[str]:
+        """The field names, as a dict batch iterates (`dict(batch)`, `**batch`)."""
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        """The number of fields (a `Mapping`'s length; the batch size is `shape[0]`)."""
+        return len(self.to_dict())
+
+    def __getitem__(self, key: Any) -> Any:
+        """A field by name (`batch["inputs"]`), or every array field indexed at once.
+
+        A string key reads a field, as in a dict batch; a missing one raises
+        `KeyError`. Any other key indexes every array field at once, as
+        xlstm-jax's batches do.
 
         `batch[i:j]` keeps rows `i..j-1` of every field (extras included);
         `batch[:, a:b]` also slices the sequence. A tuple key is cut to each
@@ -201,6 +232,14 @@ class LLMBatch:
         Returns:
           A batch of the same class with every array field indexed.
         """
+
+        if isinstance(key, str):
+            fields = self.to_dict()
+            if key not in fields:
+                raise KeyError(
+                    f"{type(self).__name__} has no field {key!r}; its fields are {list(fields)}"
+                )
+            return fields[key]
 
         def index(value: Any) -> Any:
             if not _is_array(value):
@@ -318,3 +357,5 @@ class LLMBatch:
 jax.tree_util.register_dataclass(
     LLMBatch, data_fields=[*LLM_BATCH_FIELDS, "extra", "_document_borders"], meta_fields=[]
 )
+#: A read-only mapping of its fields (`isinstance(batch, Mapping)`); still a dataclass pytree.
+Mapping.register(LLMBatch)

@@ -179,7 +179,7 @@ def iterators_from_config(
         whole config holding it under `data`.
       mesh: The global mesh.
       batch_axis_names: Mesh axes the batch rows are split over; default the
-        `dp`/`fsdp` axes the mesh has (see `mesh.data_axes`).
+        `data`/`dp`/`fsdp` axes the mesh has (see `mesh.data_axes`).
 
     Returns:
       `(train_iterator, {name: eval_iterator})`.

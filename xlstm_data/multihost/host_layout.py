@@ -70,7 +70,7 @@ def data_host_layout(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> Dat
       mesh: The global mesh; batches are sharded with
         `data_sharding(mesh, batch_axis_names)` (or the layout's `sharding(mesh)`).
       batch_axis_names: The mesh axes that split the batch, as in
-        `xlstm_data.multihost.mesh.data_axes`: None (default) for the `dp`/`fsdp` axes
+        `xlstm_data.multihost.mesh.data_axes`: None (default) for the `data`/`dp`/`fsdp` axes
         present (an error if there are none), a name or names such as
         `("data",)`, or `()` to replicate the batch on every device.
 

@@ -130,7 +130,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
       dataloader: An iterable of host batches (dicts of numpy arrays with a
         leading batch axis), typically a grain `IterDataset`. Its iterator's
         `get_state`/`set_state` are used when present.
-      global_mesh: The mesh; batches are sharded as `P(("dp", "fsdp"))`.
+      global_mesh: The mesh; batches are split over its `data`/`dp`/`fsdp` axes.
       iterator_length: Stop with StopIteration after this many steps (per
         epoch when `reset_after_epoch`), or None to run until the data ends.
       dataset_size: Size of the dataset, reported as is for callers.
@@ -153,7 +153,7 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         dataloader's `COMPONENT_ID_FIELD` (which is stripped from batches);
         used for per-component token counts in `data_counters`.
       batch_axis_names: Mesh axes the batch rows are split over (see
-        `mesh.data_axes`); default the `dp`/`fsdp` axes the mesh has.
+        `mesh.data_axes`); default the `data`/`dp`/`fsdp` axes the mesh has.
       data_config: The data config the iterator was built from (checkpoints
         fingerprint it).
       sources: The document sources of the train datasets, by name.

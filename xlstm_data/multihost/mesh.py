@@ -25,10 +25,10 @@ from xlstm_data.errors import DataConfigError
 DEFAULT_AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp", "tp", "sp")
 DEFAULT_AXIS_DIMS: tuple[int, ...] = (1, -1, 1, 1)
 #: Mesh axes that split the batch dimension by default; the others replicate it.
-DATA_AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp")
+DATA_AXIS_NAMES: tuple[str, ...] = ("data", "dp", "fsdp")
 
 #: How callers name the batch axes: one axis name, a sequence of them (`()` to
-#: replicate the batch on purpose), or None for the `dp`/`fsdp` axes present.
+#: replicate the batch on purpose), or None for the `data`/`dp`/`fsdp` axes present.
 BatchAxisNames: TypeAlias = str | Sequence[str] | None
 
 
@@ -130,16 +130,18 @@ def data_axes(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> tuple[str,
       mesh: The global mesh.
       batch_axis_names: The axes that split the batch: one name, a sequence of
         names (major to minor), or `()` to replicate the whole batch on every
-        device on purpose. None (the default) means the `dp` and `fsdp` axes the
-        mesh has, and is an error when it has neither, rather than silently
-        replicating the batch.
+        device on purpose. None (the default) means every axis the mesh has
+        among `data` (MaxText's and Flax lm1b's name), `dp` and `fsdp`, in that
+        order, and is an error when it has none, rather than silently
+        replicating the batch: on lm1b's mesh `('data', 'fsdp', 'tensor')` the
+        batch once split over `fsdp` alone, so every `data` replica held all of it.
 
     Returns:
       The batch axes, each an axis of `mesh`.
 
     Raises:
       DataConfigError: if a named axis is not on the mesh, is named twice or is
-        not a string, or if None is given and the mesh has no `dp`/`fsdp` axis.
+        not a string, or if None is given and the mesh has no `data`/`dp`/`fsdp` axis.
     """
     names = tuple(mesh.axis_names)
     if batch_axis_names is None:
@@ -180,7 +182,7 @@ def data_parallel_size(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> i
 
     Args:
       mesh: The global mesh.
-      batch_axis_names: As in `data_axes` (default: the `dp`/`fsdp` axes present).
+      batch_axis_names: As in `data_axes` (default: the `data`/`dp`/`fsdp` axes present).
 
     Returns:
       The number of shards the batch dimension is split into (1 if replicated).
@@ -195,7 +197,7 @@ def data_sharding(mesh: Mesh, batch_axis_names: BatchAxisNames = None) -> NamedS
 
     Args:
       mesh: The global mesh.
-      batch_axis_names: As in `data_axes` (default: the `dp`/`fsdp` axes present).
+      batch_axis_names: As in `data_axes` (default: the `data`/`dp`/`fsdp` axes present).
 
     Returns:
       A `NamedSharding` splitting dimension 0 over the batch axes.
