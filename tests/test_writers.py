@@ -135,3 +135,21 @@ def test_unknown_kind_names_the_flag_the_value_and_the_choices(tmp_path, primary
     with pytest.raises(DataConfigError) as error:
         make_writer("tb", tmp_path, primary=primary)
     assert str(error.value) == "--writer='tb' is not a writer; valid: ['jsonl', 'tensorboard']"
+
+
+def test_jsonl_writer_takes_a_config_dict_as_hparams(tmp_path):
+    import json
+
+    from trainer_hooks.config import default_config
+    from trainer_hooks.jsonl_writer import JsonlWriter
+
+    config = default_config()
+    config.data.train = {"web": {"kind": "synthetic", "weight": 0.5}}
+    path = tmp_path / "metrics.jsonl"
+    writer = JsonlWriter(path)
+    writer.write_hparams(config)
+    writer.flush()
+    (record,) = [json.loads(line) for line in path.read_text().splitlines()]
+    hparams = record["hparams"]
+    assert hparams["model"]["d_model"] == 64 and hparams["checkpoint"]["max_to_keep"] == 2
+    assert hparams["data"]["train"]["web"]["weight"] == 0.5

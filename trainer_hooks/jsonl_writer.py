@@ -39,7 +39,8 @@ class JsonlWriter(MetricWriter):
         self._write(step, texts)
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        self._write(0, {"hparams": {k: _plain(v) for k, v in hparams.items()}})
+        """Writes the hyper-parameters (a dict or an `ml_collections.ConfigDict`, nested)."""
+        self._write(0, {"hparams": _plain(hparams)})
 
     def write_images(self, step: int, images: Mapping[str, Any]) -> None:
         del step, images  # not representable as a line; ignored
@@ -61,7 +62,18 @@ class JsonlWriter(MetricWriter):
 
 
 def _plain(value: Any) -> Any:
+    """JSON-able: arrays as numbers or lists, config sections and mappings as dicts."""
+    if hasattr(value, "to_dict") and not hasattr(
+        value, "__array__"
+    ):  # ConfigDict, FrozenConfigDict
+        value = value.to_dict()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
     if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
         array = np.asarray(value)
         return array.item() if array.size == 1 else array.tolist()
-    return value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)
