@@ -3,6 +3,7 @@
 from xlstm_data import sources
 from xlstm_data.batch import SOURCE_ID_FIELD, SOURCE_ID_PADDING, LLMBatch
 from xlstm_data.checkpoint import DataCheckpointHandler, DataCheckpointRestore, DataCheckpointSave
+from xlstm_data.config.data_config import default_data_config
 from xlstm_data.errors import DataCheckpointError, DataConfigError, DataReadError
 from xlstm_data.from_config import iterators_from_config
 from xlstm_data.multihost.host_layout import DataHostLayout, data_host_layout
@@ -33,6 +34,7 @@ __all__ = [
     "create_mesh",
     "data_host_layout",
     "data_parallel_size",
+    "default_data_config",
     "data_sharding",
     "iterators_from_config",
     "loss_by_source",
