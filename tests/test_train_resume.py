@@ -365,3 +365,21 @@ def test_a_damaged_latest_step_names_restore_step_which_resumes_the_earlier_one(
     assert [r["step"] for r in resumed] == list(range(8, 31))
     for record in resumed:
         assert record["fingerprint"] == reference[record["step"]]["fingerprint"], record["step"]
+
+
+def test_when_one_of_two_processes_dies_the_other_stops_soon_saying_why(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    procs = launch(workdir, 2, "--config.num_train_steps=100000")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (
+        records(workdir) and records(workdir)[-1]["step"] >= 5
+    ):
+        assert all(p.poll() is None for p in procs), "the run ended before the kill"
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGKILL)
+    # --heartbeat_timeout (10 s by default): JAX's 100 s kept the survivor 56-101 s.
+    code = procs[0].wait(timeout=45)
+    assert code != 0
+    log = procs[0].log.read_text()
+    assert "stopped sending heartbeats" in log and "another task died" in log
