@@ -5,8 +5,11 @@ a ramp-up, 1 to 5 mixture stages at random steps, a packing mode, a mixture
 unit and a host count, then walks the plan the way hosts do and checks:
 
 1. every stage of at least 200 steps serves each source within 1.0 point of
-   its weight (tokens, or documents with `mixture_unit="documents"`, where a
-   stage of only a few long documents is exact to a row's documents);
+   its weight (tokens, or documents with `mixture_unit="documents"`). With
+   documents the bound is also one row's documents over the stage's: rows
+   are whole, so a stage of 107 documents next to a source that begins 12 in
+   one row cannot split finer (hypothesis found 51/56 where 50/50 was asked:
+   ~80-row documents against 4-token ones, in a fresh clone's run);
 2. the rows of every step before a stage's start equal those of the plan
    with the schedule cut there;
 3. no piece of a document is served a second time before every document of
@@ -24,6 +27,7 @@ from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.packing import MODES
 from xlstm_data.plan.pieces import Pieces, example_tokens
+from xlstm_data.plan.source_rows import row_units
 from xlstm_data.plan.spec import PlanSpec
 
 NAMES = ("a", "b", "c")
@@ -112,8 +116,10 @@ def test_every_long_stage_serves_its_weights_within_one_point(drawn):
         served = sum(_units(b, plan.spec.mixture_unit, n) for b in batches[start:end])
         shares = served / served.sum()
         asked = np.asarray(mixture.weights[stage])
-        # A stage of a few very long documents cannot split finer than a row's documents.
-        tolerance = max(0.01, 2 / served.sum() if plan.spec.mixture_unit == "documents" else 0)
+        # Rows are whole: a stage's documents split no finer than one row's documents.
+        row_documents = max(int(row_units(b, "documents").max(initial=0)) for b in batches)
+        granularity = (row_documents + 1) / served.sum()
+        tolerance = max(0.01, granularity if plan.spec.mixture_unit == "documents" else 0)
         assert np.abs(shares - asked).max() <= tolerance, (stage, shares, asked, served)
         assert (served[asked == 0] == 0).all()
 
