@@ -172,3 +172,33 @@ def test_a_saved_cursor_follows_datasets_by_name_when_the_datasets_change():
     assert cursor_by_name(state, ["a", "b", "c"]) == [30, 10, 2048, 64, 0, 7, 9, 0, 500, 77, 0]
     with pytest.raises(DataCheckpointError, match="corrupted"):
         cursor_by_name({"sources": ["a"], "cursor": [3, 40, 7]}, ["a"])
+
+
+def test_the_iterator_tells_a_loop_its_tokenizer_vocabulary_and_end_of_document_id(tmp_path):
+    from xlstm_data.sources.tokenizers import ByteTokenizer
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.txt").write_text("".join(f"{name} line {i}\n" for i in range(300)))
+    data = {
+        "train": {
+            name: {"kind": "text", "path": str(tmp_path / f"{name}.txt"), "weight": 0.5}
+            for name in ("a", "b")
+        },
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    train, _ = iterators_from_config(data, create_mesh())
+    try:
+        assert isinstance(train.tokenizer, ByteTokenizer)
+        assert train.vocab_size == 258 and train.eod_token_id == train.tokenizer.eod_id
+        assert train.tokenizer.decode(np.asarray(next(train).inputs)[0][:3]) != ""
+    finally:
+        train.close()
+    synthetic = {"train": {"s": {"kind": "synthetic", "num_documents": 100}}}
+    train, _ = iterators_from_config(
+        {**synthetic, "global_batch_size": 4, "max_target_length": 32}, create_mesh()
+    )
+    try:
+        assert train.tokenizer is None and train.vocab_size == 258
+    finally:
+        train.close()

@@ -44,6 +44,7 @@ from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.reading.row_assembly import fields_of
 from xlstm_data.sources.identity import dataset_files, dataset_identities
+from xlstm_data.sources.lengths_cache import tokenizer_identity
 
 #: Version of the planned state record; bump on format changes.
 PLAN_STATE_VERSION = 4
@@ -222,6 +223,33 @@ class PlannedDataIterator(MultiHostDataLoadIterator):
     def source_names(self) -> tuple[str, ...]:
         """The datasets in plan order: a batch's `source_ids` index this tuple."""
         return tuple(self.plan.spec.names)
+
+    @property
+    def eod_token_id(self) -> int:
+        """The end-of-document id appended to every document."""
+        return self._eod_token_id
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The largest vocabulary among the datasets' sources (None if none declares one)."""
+        sizes = [getattr(s, "vocab_size", None) for s in self._plan_sources]
+        known = [int(v) for v in sizes if v is not None]
+        return max(known) if known else None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer every dataset's ids come from, or None when they differ or have none.
+
+        Two sources share a tokenizer when they encode alike (`tokenizer_identity`:
+        the byte tokenizer, or the same HuggingFace file).
+        """
+        tokenizers = [getattr(s, "tokenizer", None) for s in self._plan_sources]
+        if not tokenizers or any(t is None for t in tokenizers):
+            return None
+        identities = [tokenizer_identity(t) for t in tokenizers]
+        if identities[0] is None or any(i != identities[0] for i in identities):
+            return None
+        return tokenizers[0]
 
     # Online mixing -------------------------------------------------------------
 
