@@ -31,7 +31,11 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer_hooks.adaptive_mixture import ADAPTIVE_MIXTURE_ITEM, AdaptiveMixtureHook
+from trainer_hooks.adaptive_mixture import (
+    ADAPTIVE_MIXTURE_ITEM,
+    AdaptiveMixtureHook,
+    check_adaptive_mixture,
+)
 from trainer_hooks.batch_log import BatchLog, batch_fingerprint
 from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
 from trainer_hooks.config import with_defaults
@@ -251,7 +255,13 @@ def train(config: Any, workdir: str) -> dict[str, Any]:
     adaptive = dict(config.adaptive_mixture)
     adaptive_on = int(adaptive.pop("every_steps") or 0) > 0
     if adaptive_on:  # refuses a bad section by key before any step
-        AdaptiveMixtureHook(train_iter, every_steps=config.adaptive_mixture.every_steps, **adaptive)
+        check_adaptive_mixture(
+            config.adaptive_mixture.every_steps,
+            adaptive["step_size"],
+            adaptive["smoothing"],
+            adaptive["reference_loss"],
+            train_iter.source_names,
+        )
     manager = checkpoint_manager(
         workdir_path / "checkpoints",
         max_to_keep=config.checkpoint.max_to_keep,

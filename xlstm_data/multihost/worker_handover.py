@@ -69,29 +69,28 @@ class WorkerHandover:
         """Stops the workers and waits until they are gone."""
         self._close_in_process()
         first, self._first = self._first, None
-        _close_workers(first, self)
+        self._close_workers(first)
 
     def close_in_background(self) -> None:
         """Stops the workers in a background thread (a restart need not wait for it)."""
         self._close_in_process()
         first, self._first = self._first, None
         threading.Thread(
-            target=_close_workers, args=(first, self), name="xlstm-data-close-workers"
+            target=self._close_workers, args=(first,), name="xlstm-data-close-workers"
         ).start()
+
+    def _close_workers(self, first: futures.Future | None) -> None:
+        """Closes the workers once started (grain's iterator is not thread-safe)."""
+        try:
+            if first is not None:
+                futures.wait([first])
+            if self._workers is not None:  # set by the starter thread, read after it
+                self._workers.close()
+        except Exception as error:  # noqa: BLE001 - a background close must not kill the thread
+            logging.warning("closing grain workers in the background failed: %s", error)
 
     def _close_in_process(self) -> None:
         close = getattr(self._in_process, "close", None)
         if close is not None:
             close()
         self._in_process = None
-
-
-def _close_workers(first: futures.Future | None, handover: WorkerHandover) -> None:
-    """Waits until the workers have started (grain's iterator is not thread-safe), then closes."""
-    try:
-        if first is not None:
-            futures.wait([first])
-        if handover._workers is not None:  # noqa: SLF001 - set by the starter, read after it
-            handover._workers.close()  # noqa: SLF001
-    except Exception as error:  # noqa: BLE001 - a background close must not kill the thread
-        logging.warning("closing grain workers in the background failed: %s", error)

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from xlstm_data.batch import LLM_BATCH_FIELDS, SOURCE_ID_FIELD, SOURCE_ID_PADDING
-from xlstm_data.errors import DataReadError
 from xlstm_data.plan.pieces import Pieces
 
 #: Reads documents `documents` (int64 array) of plan source `source` as 1-D int32 tokens.
@@ -59,7 +58,9 @@ def assemble_rows(
 
     Args:
       pieces: The rows to fill.
-      read_documents: Reads a source's documents (one call per source).
+      read_documents: Reads a source's documents (one call per source); each
+        must be as long as the plan was told (`PlannedBatchDataset` checks it
+        on every read).
       row_length: L.
       shift: Targets are the inputs shifted by one.
       shift_target: Shift targets left (else inputs right, EOD as BOS).
@@ -88,16 +89,6 @@ def assemble_rows(
     # Padding reads two zeros at the end (inputs, and targets one further on).
     flat, sizes = _example_streams(tokens, shift, shift_target, eod_token_id, 2)
     pad = len(flat) - 2
-    beyond = np.flatnonzero(pieces.stop + (1 if shift else 0) > sizes[which])
-    if beyond.size:
-        piece = int(beyond[0])
-        raise DataReadError(
-            f"document {int(pieces.document[piece])} of plan source {int(pieces.source[piece])} "
-            f"holds {int(sizes[which][piece]) - (2 if shift and not shift_target else 1)} tokens "
-            "but its recorded length is longer: the lengths the plan used (index.json/"
-            "lengths.npy, or the lengths cache) do not match the documents read; rerun "
-            "`xlstm-data index` on the shards, or delete the cache entry"
-        )
     stream_offset = np.cumsum(sizes) - sizes
     lengths = pieces.stop - pieces.start
     row_of_piece = pieces.row_of_piece()
