@@ -369,8 +369,15 @@ def plan_spec(
     batch_size: int,
     row_length: int,
     packing: str = "best_fit",
+    *,
+    schedule: Any = None,
+    rampup: Any = None,
 ) -> Any:
-    """The config path's `PlanSpec` for these sources: token weights, targets shifted left."""
+    """The config path's `PlanSpec` for these sources: token weights, targets shifted left.
+
+    `schedule` (a `data.mixture_schedule`) replaces the static `weights`;
+    `rampup` is a `data.rampup`.
+    """
     from xlstm_data.config.rampup import BatchSizeSchedule
     from xlstm_data.plan.mixture import parse_mixture_schedule
     from xlstm_data.plan.spec import PlanSpec
@@ -378,7 +385,7 @@ def plan_spec(
     names = tuple(names)
     return PlanSpec(
         names=names,
-        mixture=parse_mixture_schedule(None, names, dict(weights)),
+        mixture=parse_mixture_schedule(schedule, names, dict(weights)),
         mixture_unit="tokens",
         row_length=row_length,
         packing=packing,
@@ -386,7 +393,7 @@ def plan_spec(
         shift_target=True,
         seed=0,
         shuffle=True,
-        batch=BatchSizeSchedule(batch_size, None),
+        batch=BatchSizeSchedule(batch_size, rampup),
     )
 
 

@@ -32,11 +32,8 @@ from typing import Any
 import numpy as np
 
 from bench import common, online_mixing
-from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
-from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.pieces import example_tokens
-from xlstm_data.plan.spec import PlanSpec
 
 NAME = "plan_mixture"
 STAGE_POINTS, WINDOW_POINTS, WINDOW_STEPS = 1.0, 0.5, 100
@@ -106,18 +103,7 @@ def measure(scenario: Mapping[str, Any]) -> dict[str, Any]:
     """Realised shares per stage (and window), repeats, and planning time of one scenario."""
     batch, rampup = scenario["batch"]
     schedule = scenario["schedule"]
-    spec = PlanSpec(
-        names=("a", "b"),
-        mixture=parse_mixture_schedule(schedule, ("a", "b"), {}),
-        mixture_unit="tokens",
-        row_length=128,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
-        batch=BatchSizeSchedule(batch, rampup),
-    )
+    spec = common.plan_spec(("a", "b"), {}, batch, 128, schedule=schedule, rampup=rampup)
     plan = GlobalPlan(spec, list(scenario["lengths"]))
     # The global batch, as one planner sees it: the hosts' slices of it join to
     # exactly these rows on any host count (tests/test_plan.py), and each host

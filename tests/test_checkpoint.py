@@ -68,6 +68,24 @@ def saved_at_step_5(tmp_path, mesh, state=None):
     return manager, state, following
 
 
+def refused_restore(manager, step, state, mesh, match):
+    """The error restoring `step` into a fresh iterator raises (it must raise)."""
+    resumed = build(mesh)
+    try:
+        with pytest.raises(xd.DataCheckpointError, match=match) as error:
+            restore(manager, step, state, resumed)
+    finally:
+        resumed.close()
+    return error.value
+
+
+def edit_state_file(path, change):
+    """Rewrites a data-state file with `change(record)` applied (still valid JSON)."""
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
 def test_round_trip_with_flax_train_state(tmp_path, mesh):
     config = ModelConfig(vocab_size=258, max_length=32, d_model=16, num_layers=1, num_heads=2)
     state = create_train_state(jax.random.key(0), config, 1e-3, 32)
@@ -172,11 +190,8 @@ def test_damaged_state_file_is_named_in_the_error(tmp_path, mesh, damage):
     manager, state, _ = saved_at_step_5(tmp_path, mesh)
     path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
     path.write_text(damage(path.read_text()))
-    resumed = build(mesh)
-    with pytest.raises(xd.DataCheckpointError, match="corrupted or truncated") as error:
-        restore(manager, 5, state, resumed)
-    assert str(path) in str(error.value)
-    resumed.close()
+    error = refused_restore(manager, 5, state, mesh, "corrupted or truncated")
+    assert str(path) in str(error)
 
 
 def _edit(record, where):
@@ -195,14 +210,9 @@ def _edit(record, where):
 def test_a_hand_edited_state_file_fails_its_checksum(tmp_path, mesh, where):
     manager, state, _ = saved_at_step_5(tmp_path, mesh)
     path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
-    record = json.loads(path.read_text())
-    _edit(record, where)
-    path.write_text(json.dumps(record))  # still valid JSON
-    resumed = build(mesh)
-    with pytest.raises(xd.DataCheckpointError, match="fails its checksum") as error:
-        restore(manager, 5, state, resumed)
-    assert str(path) in str(error.value)
-    resumed.close()
+    edit_state_file(path, lambda record: _edit(record, where))
+    error = refused_restore(manager, 5, state, mesh, "fails its checksum")
+    assert str(path) in str(error)
 
 
 def test_steps_that_disagree_are_refused_even_with_a_matching_checksum(tmp_path, mesh):
@@ -210,14 +220,13 @@ def test_steps_that_disagree_are_refused_even_with_a_matching_checksum(tmp_path,
 
     manager, state, _ = saved_at_step_5(tmp_path, mesh)
     path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
-    record = json.loads(path.read_text())
-    record["header"]["step"] = 4  # a tool that rewrites the checksum too
-    record["checksum"] = checksum(record["header"], record["state"])
-    path.write_text(json.dumps(record))
-    resumed = build(mesh)
-    with pytest.raises(xd.DataCheckpointError, match="step 4 in its header but 5 in its state"):
-        restore(manager, 5, state, resumed)
-    resumed.close()
+
+    def rewrite(record):  # a tool that rewrites the checksum too
+        record["header"]["step"] = 4
+        record["checksum"] = checksum(record["header"], record["state"])
+
+    edit_state_file(path, rewrite)
+    refused_restore(manager, 5, state, mesh, "step 4 in its header but 5 in its state")
 
 
 def test_a_data_item_moved_to_another_step_is_refused(tmp_path, mesh):
@@ -231,24 +240,14 @@ def test_a_data_item_moved_to_another_step_is_refused(tmp_path, mesh):
     train.close()
     shutil.rmtree(tmp_path / "ckpt" / "7" / "data")
     shutil.copytree(tmp_path / "ckpt" / "5" / "data", tmp_path / "ckpt" / "7" / "data")
-    resumed = build(mesh)
-    with pytest.raises(
-        xd.DataCheckpointError, match="saved in checkpoint step 5 but lies in step 7"
-    ):
-        restore(manager, 7, state, resumed)
-    resumed.close()
+    refused_restore(manager, 7, state, mesh, "saved in checkpoint step 5 but lies in step 7")
 
 
 def test_unknown_header_version_is_refused(tmp_path, mesh):
     manager, state, _ = saved_at_step_5(tmp_path, mesh)
     path = tmp_path / "ckpt" / "5" / "data" / state_file_name(0, 1)
-    record = json.loads(path.read_text())
-    record["header"]["format_version"] = 99
-    path.write_text(json.dumps(record))
-    resumed = build(mesh)
-    with pytest.raises(xd.DataCheckpointError, match="format_version=99"):
-        restore(manager, 5, state, resumed)
-    resumed.close()
+    edit_state_file(path, lambda record: record["header"].update(format_version=99))
+    refused_restore(manager, 5, state, mesh, "format_version=99")
 
 
 def test_max_to_keep_prunes_model_and_data_together(tmp_path, mesh):

@@ -10,7 +10,6 @@ runs are compared batch by batch with an uninterrupted one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -116,20 +115,24 @@ def test_readme_example_runs(capsys):
     namespace["iterator"].close()
 
 
-def test_readme_first_example_runs_in_a_plain_script_on_8_devices(tmp_path):
-    script = "import jax\njax.config.update('jax_num_cpu_devices', 8)\n" + BLOCKS[0]
+def run_plain_script(block: str, tmp_path: Path, devices: int) -> str:
+    """Runs a README block as a user's plain script on `devices` CPU devices; its stdout."""
+    script = f"import jax\njax.config.update('jax_num_cpu_devices', {devices})\n" + block
     (tmp_path / "example.py").write_text(script)
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, "example.py"],
         cwd=tmp_path,
-        env=env,
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "(64, 512)" in result.stdout
+    return result.stdout
+
+
+def test_readme_first_example_runs_in_a_plain_script_on_8_devices(tmp_path):
+    assert "(64, 512)" in run_plain_script(BLOCKS[0], tmp_path, devices=8)
 
 
 def hooks_example(workdir: Path, steps_per_run: int = 10) -> str:
@@ -169,20 +172,9 @@ def test_readme_hooks_example_resumes_when_run_twice(tmp_path, num_processes):
 
 def test_readme_online_mixing_example_runs_in_a_plain_script_on_2_devices(tmp_path):
     block = next(block for block in BLOCKS if "set_mixture" in block)
-    script = "import jax\njax.config.update('jax_num_cpu_devices', 2)\n" + block
-    (tmp_path / "online.py").write_text(script)
-    env = dict(subprocess_env(), XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "online.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "('code', 'web') 1.0" in result.stdout
-    losses = re.search(r"loss per dataset: (\{.*\})", result.stdout).group(1)
+    out = run_plain_script(block, tmp_path, devices=2)
+    assert "('code', 'web') 1.0" in out
+    losses = re.search(r"loss per dataset: (\{.*\})", out).group(1)
     assert "data/loss/web" in losses and "data/loss/code" in losses
 
 

@@ -10,13 +10,10 @@ wrong type.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 import xlstm_data as xd
-from tests.multiprocess import REPO, subprocess_env
+from tests.multiprocess import REPO, run_train
 from trainer_hooks.config import default_config, with_defaults
 
 CONFIG = str(REPO / "tests" / "train_config.py")
@@ -78,35 +75,32 @@ def test_a_row_longer_than_any_model_can_embed_is_refused():
         xd.iterators_from_config(_data(max_target_length=10**11), xd.create_mesh())
 
 
-def _train(*flags: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "trainer_hooks.train", f"--config={CONFIG}", *flags]
-    return subprocess.run(
-        command, env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=REPO
-    )
-
-
 @pytest.mark.parametrize(
-    ("flag", "message"),
+    ("flag", "message", "status"),
     [
         (
             "--config.data.global_batch_size=abc",
             "error: flag --config.data.global_batch_size=abc is invalid; expected an integer",
+            2,
         ),
         (
             "--config.data.global_batch_size=12.5",
             "error: flag --config.data.global_batch_size=12.5 is invalid; expected an integer",
+            2,
         ),
         (
             "--config.data.train.long.weight=heavy",
             "error: flag --config.data.train.long.weight=heavy is invalid; expected a number",
+            2,
         ),
-        ("--cpu_devices=0", "error: flag --cpu_devices=0: 0 is not a positive integer"),
-        ("--config.checkpoint.max_to_keep=0", "error: checkpoint.max_to_keep=0 is invalid"),
+        ("--cpu_devices=0", "error: flag --cpu_devices=0: 0 is not a positive integer", 2),
+        ("--config.checkpoint.max_to_keep=0", "error: checkpoint.max_to_keep=0 is invalid", 1),
     ],
 )
-def test_a_bad_flag_is_one_error_line(tmp_path, flag, message):
-    result = _train(f"--workdir={tmp_path / 'run'}", flag)
-    assert result.returncode != 0
+def test_a_bad_flag_is_one_error_line(tmp_path, flag, message, status):
+    result = run_train(
+        f"--config={CONFIG}", f"--workdir={tmp_path / 'run'}", flag, expect=status, timeout=120
+    )
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith(message), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -135,25 +129,17 @@ def test_lengths_edited_after_prepare_are_one_error_line_naming_what_to_rerun(tm
     lengths[1::2] -= 3  # cannot see it, only reading can
     np.save(corpus / "lengths.npy", lengths)
     config = f"{REPO / 'configs' / 'prepared.py'}:{corpus}"
-    command = [
-        sys.executable,
-        "-m",
-        "trainer_hooks.train",
+    flags = (
         f"--config={config}",
         f"--workdir={tmp_path / 'run'}",
         "--config.num_train_steps=3",
         "--config.data.max_target_length=64",
         "--config.data.global_batch_size=4",
-    ]
-    result = subprocess.run(
-        command, env=subprocess_env(), capture_output=True, text=True, timeout=180, cwd=REPO
     )
-    assert result.returncode == 1, result.stderr[-3000:]
+    result = run_train(*flags, expect=1, timeout=180)
     last = [line for line in result.stderr.splitlines() if line.strip()][-1]
     assert last.startswith("error: data.train.corpus: document "), last
     assert "rerun `xlstm-data index`" in last, last
     assert "Traceback" not in result.stderr
-    debug = subprocess.run(
-        [*command, "--debug"], env=subprocess_env(), capture_output=True, text=True, timeout=180
-    )
+    debug = run_train(*flags, "--debug", expect=1, timeout=180)
     assert "Traceback" in debug.stderr and "DataReadError" in debug.stderr
