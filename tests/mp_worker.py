@@ -325,7 +325,56 @@ def scenario_online_mixing(params: dict) -> dict:
     return gathered
 
 
+def scenario_factory_resume(params: dict) -> dict:
+    """The README's factory example: saves at `save_at` ("save") or resumes there ("resume").
+
+    Returns the all-gathered `inputs` and `inputs_segmentation` of the steps
+    from `save_at` to `end`.
+    """
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from jax.experimental import multihost_utils
+
+    import xlstm_data as xd
+
+    mesh = xd.create_mesh("dp:1,fsdp:-1,tp:1,sp:1")
+    documents = xd.sources.SyntheticSource(num_documents=10_000, mean_length=300)
+    iterator = xd.make_grain_llm_iterator(
+        dataloading_host_index=None,
+        dataloading_host_count=None,
+        global_mesh=mesh,
+        dataset=documents,
+        global_batch_size=48,
+        max_target_length=512,
+        shuffle=True,
+        data_shuffle_seed=42,
+        grain_packing=True,
+        eod_token_id=1,
+        worker_count=params["worker_count"],
+    )
+    manager = ocp.CheckpointManager(params["directory"])
+    save_at, end = params["save_at"], params["end"]
+    if params["mode"] == "resume":
+        manager.restore(save_at, args=ocp.args.Composite(data=xd.DataCheckpointRestore(iterator)))
+    gathered = {}
+    while iterator.step_counter < end:
+        step = iterator.step_counter
+        if params["mode"] == "save" and step == save_at:
+            manager.save(step, args=ocp.args.Composite(data=xd.DataCheckpointSave(iterator)))
+            manager.wait_until_finished()
+        batch = next(iterator)
+        if step >= save_at:
+            gathered[str(step)] = [
+                np.asarray(multihost_utils.process_allgather(f, tiled=True)).tolist()
+                for f in (batch.inputs, batch.inputs_segmentation)
+            ]
+    manager.close()
+    iterator.close()
+    return gathered
+
+
 SCENARIOS = {
+    "factory_resume": scenario_factory_resume,
     "online_mixing": scenario_online_mixing,
     "refusal_on_one_process": scenario_refusal_on_one_process,
     "hooks": scenario_hooks,

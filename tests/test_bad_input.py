@@ -50,11 +50,6 @@ def test_nothing_is_read_while_building():
         ({"num_epochs": 0}, "num_epochs=0"),
         ({"grain_packing_bin_count": 0, "grain_packing": True}, "grain_packing_bin_count=0"),
         ({"dataset": []}, "empty"),
-        (
-            {"dataset": DOCS[:1], "dataloading_host_count": 2, "dataloading_host_index": 1,
-             "global_batch_size": 2},
-            "leaves host 1 of 2 with no elements",
-        ),
     ],
 )  # fmt: skip
 def test_bad_dataset_arguments(overrides, match):
@@ -64,7 +59,7 @@ def test_bad_dataset_arguments(overrides, match):
 
 def test_global_batch_not_divisible_by_data_parallel_size():
     mesh = xd.create_mesh()
-    with pytest.raises(xd.DataConfigError, match="global_batch_size=6 must be a positive multiple"):
+    with pytest.raises(xd.DataConfigError, match="global_batch_size 6 .* not divisible"):
         xd.make_grain_llm_iterator(None, None, mesh, _ExplodingSource(), 6, 8, True, 0)
 
 
@@ -93,9 +88,8 @@ def test_token_ids_outside_the_vocabulary_name_the_record(tmp_path):
     path = tmp_path / "shard.array_record"
     write_array_record(path, [np.array([3, 4], np.int32), np.array([5, 999], np.int32)])
     source = ArrayRecordSource(str(path), vocab_size=258)
-    iterator = xd.make_grain_llm_iterator(
-        None, None, xd.create_mesh(), source, 4, 8, False, 0, worker_count=0, num_epochs=1
-    )
     with pytest.raises(xd.DataReadError, match=r"999.*258|258.*999") as error:
-        list(iterator)
+        xd.make_grain_llm_iterator(  # its lengths are counted: every record is read
+            None, None, xd.create_mesh(), source, 4, 8, False, 0, worker_count=0, num_epochs=1
+        )
     assert "shard.array_record" in str(error.value)

@@ -161,5 +161,5 @@ def test_factories_resolve_the_id_against_the_dataset_the_same_way(mesh, text_fi
     ends = (segments != 0) & (np.roll(segments, -1, axis=1) != segments)
     assert set(targets[ends].tolist()) == {1}
     # A dataset without a tokenizer keeps the reference API's default, 0.
-    plain = xd.make_grain_llm_iterator(None, None, **{**kwargs, "dataset": [[5, 6, 7]] * 16})
+    plain = xd.make_grain_llm_iterator(None, None, **{**kwargs, "dataset": [[5, 6, 7]] * 80})
     plain.close()

@@ -5,18 +5,19 @@ from xlstm_data.batch import SOURCE_ID_FIELD, SOURCE_ID_PADDING, LLMBatch
 from xlstm_data.checkpoint import DataCheckpointHandler, DataCheckpointRestore, DataCheckpointSave
 from xlstm_data.config.data_config import default_data_config
 from xlstm_data.errors import DataCheckpointError, DataConfigError, DataReadError
-from xlstm_data.from_config import iterators_from_config
-from xlstm_data.multihost.host_layout import DataHostLayout, data_host_layout
-from xlstm_data.multihost.iterator import IteratorClosedError, MultiHostDataLoadIterator
-from xlstm_data.multihost.mesh import create_mesh, data_parallel_size, data_sharding
-from xlstm_data.source_loss import loss_by_source
-from xlstm_data.sources import tokenizers
-from xlstm_data.streaming.factories import (
+from xlstm_data.factories import (
+    LLMDataset,
     make_grain_llm_dataset,
     make_grain_llm_iterator,
     make_grain_multihost_iterator,
 )
-from xlstm_data.streaming.host_sharding import shard_grain_dataset
+from xlstm_data.from_config import iterators_from_config
+from xlstm_data.multihost.host_layout import DataHostLayout, data_host_layout
+from xlstm_data.multihost.iterator import IteratorClosedError, MultiHostDataLoadIterator
+from xlstm_data.multihost.mesh import create_mesh, data_parallel_size, data_sharding
+from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+from xlstm_data.source_loss import loss_by_source
+from xlstm_data.sources import tokenizers
 
 __all__ = [
     "DataCheckpointError",
@@ -28,7 +29,9 @@ __all__ = [
     "DataReadError",
     "IteratorClosedError",
     "LLMBatch",
+    "LLMDataset",
     "MultiHostDataLoadIterator",
+    "PlannedDataIterator",
     "SOURCE_ID_FIELD",
     "SOURCE_ID_PADDING",
     "create_mesh",
@@ -41,7 +44,6 @@ __all__ = [
     "make_grain_llm_dataset",
     "make_grain_llm_iterator",
     "make_grain_multihost_iterator",
-    "shard_grain_dataset",
     "sources",
     "tokenizers",
 ]

@@ -39,6 +39,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from xlstm_data.config.factory_settings import FactorySettings
 from xlstm_data.config.fingerprint import (
     allowed_by,
     allowed_patterns,
@@ -79,6 +80,8 @@ def _flat_config(iterator: Any, data_config: Any) -> dict[str, Any] | None:
     config = data_config if data_config is not None else getattr(iterator, "data_config", None)
     if config is None:
         return None
+    if isinstance(config, FactorySettings):
+        return config.flat(iterator.source_documents, iterator.source_identities)
     return flat_data_config(
         config,
         getattr(iterator, "source_documents", None),

@@ -142,11 +142,13 @@ def _train_plan(
     """The train plan on the opened sources (their lengths loaded), and the sources by name."""
     sources = {s.name: opened[f"data.train.{s.name}"] for s in mixed}
     lengths = [source_lengths(f"data.train.{n}", sources[n]) for n in spec.names]
-    _check_batch_fits(spec, lengths)
+    check_batch_fits(spec, lengths)
     return GlobalPlan(spec, lengths), sources
 
 
-def _check_batch_fits(spec: PlanSpec, lengths: Sequence[Any]) -> None:
+def check_batch_fits(
+    spec: PlanSpec, lengths: Sequence[Any], key: str = "data.global_batch_size"
+) -> None:
     """Refuses a global batch larger than the whole train corpus fills in one epoch.
 
     Such a batch serves every document several times in every step; at absurd
@@ -157,9 +159,8 @@ def _check_batch_fits(spec: PlanSpec, lengths: Sequence[Any]) -> None:
     largest = spec.batch.global_batch_size
     if largest > rows:
         raise DataConfigError(
-            f"data.global_batch_size={largest} rows is more than the whole train corpus fills "
-            f"in one epoch ({rows} rows of data.max_target_length={spec.row_length} tokens); "
-            f"use at most {rows} rows, or more data"
+            f"{key}={largest} rows is more than the whole train corpus fills in one epoch "
+            f"({rows} rows of {spec.row_length} tokens); use at most {rows} rows, or more data"
         )
 
 
@@ -187,7 +188,7 @@ def iterators_from_config(
     cfg: DataConfig = validate_data_config(data_config)
     layout = data_host_layout(mesh, batch_axis_names)
     train_spec = train_plan_spec(cfg)
-    _check_layout_divides(cfg, train_spec.batch, layout)
+    check_layout_divides(train_spec.batch, layout)
     if cfg.eval:
         layout.host_batch_size(cfg.eval_global_batch_size, "data.eval_global_batch_size")
     eval_specs = {spec.name: eval_plan_spec(cfg, spec.name) for spec in cfg.eval}
@@ -227,8 +228,19 @@ def iterators_from_config(
     return train, evals
 
 
-def _check_layout_divides(cfg: DataConfig, batch: BatchSizeSchedule, layout: Any) -> None:
-    """Names the layouts that work when a stage's batch does not divide over this one."""
+def check_layout_divides(
+    batch: BatchSizeSchedule,
+    layout: Any,
+    keys: tuple[str, str] = ("data.global_batch_size", "data.rampup"),
+) -> None:
+    """Names the layouts that work when a stage's batch does not divide over this one.
+
+    Args:
+      batch: The global batch schedule.
+      layout: This mesh's data-host layout.
+      keys: How errors name the base batch size and the ramp-up.
+    """
+    size_key, rampup_key = keys
     stages = batch.stages()
     dp = layout.data_parallel_size
     bad = next((s for s in stages if s.global_batch_size % dp), None)
@@ -239,14 +251,14 @@ def _check_layout_divides(cfg: DataConfig, batch: BatchSizeSchedule, layout: Any
     per_host = dp // layout.host_count
     hosts = [d // per_host for d in valid if d % per_host == 0]
     raise DataConfigError(
-        f"data.rampup: stage at step {bad.start_step} has factor {bad.factor!r}, giving a stage "
-        f"batch of data.global_batch_size {cfg.global_batch_size} * {bad.factor!r} = "
+        f"{rampup_key}: stage at step {bad.start_step} has factor {bad.factor!r}, giving a stage "
+        f"batch of {size_key} {batch.global_batch_size} * {bad.factor!r} = "
         f"{bad.global_batch_size}, which is not divisible by this mesh's data-parallel size "
         f"{dp} ({layout.host_count} data hosts x {per_host} batch shards each). Every stage "
         f"batch ({[s.global_batch_size for s in stages]}) divides over data-parallel sizes "
         f"{valid}"
         + (f", i.e. {hosts} data hosts of {per_host} shards" if hosts else "")
-        + "; or change data.global_batch_size or data.rampup"
+        + f"; or change {size_key} or {rampup_key}"
     )
 
 

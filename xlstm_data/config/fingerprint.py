@@ -62,7 +62,7 @@ def flat_data_config(
         config["train"][name]["documents"] = int(count)
     for name, identity in (source_identities or {}).items():
         config["train"][name].update(identity)
-    return dict(_flatten("data", json.loads(json.dumps(config))))
+    return dict(flatten("data", json.loads(json.dumps(config))))
 
 
 def identity_keys_of_unbound_sources(
@@ -138,9 +138,10 @@ def allowed_patterns(allowed: bool | str | Iterable[str]) -> list[str]:
     return patterns
 
 
-def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
+def flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
+    """`(dotted key, leaf value)` pairs of a nested mapping, keys under `prefix`."""
     if isinstance(value, Mapping):
         for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}", inner)
+            yield from flatten(f"{prefix}.{key}", inner)
     else:
         yield prefix, value
