@@ -1,6 +1,6 @@
 """Benchmarks of xlstm-data: figures measured against a baseline in the same process.
 
-Each benchmark module (`throughput`, `packing`, `resume`, `loop_wait`,
+Each benchmark module (`throughput`, `resume`, `loop_wait`,
 `memory`, `plan`, `plan_throughput`, `cold_start`, `plan_packing`,
 `plan_mixture`, `device_overlap`) has
 `run(config) -> dict`, which measures, writes
@@ -12,7 +12,6 @@ figures, not pass/fail: each JSON states its targets with a boolean `met`.
 
 BENCHMARKS = (
     "throughput",
-    "packing",
     "resume",
     "loop_wait",
     "memory",

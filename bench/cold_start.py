@@ -132,7 +132,7 @@ def measure(documents: int) -> dict[str, float]:
     """One cold start in this process (its files already written)."""
     import jax  # noqa: F401 - imported before the span, as a training program has
 
-    from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+    from xlstm_data.multihost.iterator import PlannedDataIterator
 
     common.ensure_flags_parsed()
     path, wanted = first_batch_file(documents)

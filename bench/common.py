@@ -460,7 +460,6 @@ def our_iterator(
     workers: int,
     mesh: Any,
     eod_token_id: int = 1,
-    packing_bins: int | None = None,
 ):
     """Our train iterator over ArrayRecord sources, built with the public factories.
 
@@ -474,10 +473,9 @@ def our_iterator(
       workers: grain worker processes.
       mesh: The mesh (see `single_device_mesh`).
       eod_token_id: End-of-document id.
-      packing_bins: Open rows while packing; None for the library default.
 
     Returns:
-      A `MultiHostDataLoadIterator`; its `dataloader` is the host pipeline.
+      A `PlannedDataIterator` (see `our_host_dataset` for its host pipeline).
     """
     import xlstm_data as xd
     from xlstm_data.sources import ArrayRecordSource
@@ -495,7 +493,6 @@ def our_iterator(
             shuffle=True,
             data_shuffle_seed=seeds[name],
             grain_packing=packed,
-            grain_packing_bin_count=packing_bins,
             eod_token_id=eod_token_id,
         )
     return xd.make_grain_multihost_iterator(
@@ -506,6 +503,24 @@ def our_iterator(
         dataset_weights=dict(weights) if weights else None,
         worker_count=workers,
     )
+
+
+def our_host_dataset(iterator: Any, workers: int) -> Any:
+    """The iterator's host pipeline from step 0 as a grain dataset of field dicts.
+
+    What the iterator iterates before forming global arrays: the plan's host
+    steps, in `workers` worker processes when > 0.
+    """
+    import grain
+
+    from xlstm_data.multihost.workers import prefetch_in_workers
+    from xlstm_data.reading.row_assembly import fields_of
+
+    steps = iterator.host_batches().to_iter_dataset(grain.ReadOptions(num_threads=0))
+    if workers:
+        options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=4)
+        steps = prefetch_in_workers(steps, options)
+    return steps.map(lambda element: fields_of(np.array(element["fields"])))
 
 
 def error_bars(stats: Sequence[Mapping[str, float]], scale: float = 1.0):

@@ -35,7 +35,7 @@ import numpy as np
 from bench import common
 from bench.plan_throughput import document_lengths
 from xlstm_data.multihost.global_arrays import form_global_batch
-from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.sources import ArrayRecordSource
 

@@ -1,4 +1,4 @@
-"""Throughput of the planned pipeline against grain, the read ceiling and the old pipeline.
+"""Throughput of the planned pipeline against grain and the read ceiling.
 
 Issue 14's table: non-padding tokens/s on the lognormal ArrayRecord corpus
 (rows of 1024, host batch 8, packed), with 0 and 2 worker processes, one
@@ -9,8 +9,6 @@ source (`web`) and the 3-source mixture (tokens 0.80/0.15/0.05), of
   processes when there are workers), before any device transfer;
 - `grain`: the hand-written grain pipeline of `throughput.grain_pipeline`
   (first-fit packing into 8 bins, `IterDataset.mix` of rows);
-- `streaming`: the old streaming pipeline (`make_grain_llm_dataset` +
-  `make_grain_multihost_iterator`'s host dataset, first-fit, 128 bins);
 - `ceiling`: reading and decoding shuffled records one at a time with grain's
   `ArrayRecordDataSource`, nothing else, in this process (as `throughput`);
   for the mixture the records are mixed in proportion to the plan's token
@@ -23,7 +21,7 @@ source (`web`) and the 3-source mixture (tokens 0.80/0.15/0.05), of
 - `planned_global`: the whole `PlannedDataIterator` (global `jax.Array`s on
   one CPU device, background prefetch), tokens from its counters.
 
-`grain`, `planned` and `streaming` take turns `throughput.TURN_BATCHES` at a
+`grain` and `planned` take turns `throughput.TURN_BATCHES` at a
 time within a round; ratios are taken per round and reported as median with
 min and max. Each paired subject also records its CPU seconds per million
 tokens (this process plus its workers) and its non-padding share.
@@ -40,15 +38,15 @@ import grain
 import numpy as np
 
 from bench import common, throughput
-from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.reading.row_assembly import fields_of
 from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan_throughput"
 EOD = throughput.EOD
-SUBJECTS = ("ceiling", "ceiling_batched", "grain", "planned", "streaming", "planned_global")
-PAIRED = ("grain", "planned", "streaming")
+SUBJECTS = ("ceiling", "ceiling_batched", "grain", "planned", "planned_global")
+PAIRED = ("grain", "planned")
 TARGET_OVER_GRAIN = 2.5
 TARGET_OVER_CEILING = 0.6
 #: Rounds of every variant (each round: every subject once, rotating order).
@@ -229,23 +227,7 @@ def measure_variant(
         return first._pipeline(0, None)  # noqa: SLF001
 
     baseline = throughput.grain_pipeline(files, mixture, seeds, max_lengths, grain_variant, sizes)
-    streaming_iterator = common.our_iterator(
-        files,
-        mixture,
-        seeds,
-        seq_len=sizes.seq_len,
-        batch_size=sizes.batch_size,
-        packed=True,
-        workers=variant.workers,
-        mesh=mesh,
-        eod_token_id=EOD,
-    )
-    streaming = streaming_iterator.dataloader
-    fields = {
-        "grain": "targets_segment_ids",
-        "planned": "targets_segmentation",
-        "streaming": "targets_segmentation",
-    }
+    fields = {"grain": "targets_segment_ids", "planned": "targets_segmentation"}
     slots = {name: {"slots": 0, "tokens": 0} for name in PAIRED}
     values: dict[str, list[float]] = {s: [] for s in SUBJECTS}
     cpu: dict[str, list[float]] = {s: [] for s in PAIRED}
@@ -255,7 +237,6 @@ def measure_variant(
     try:
         iterators["grain"] = iter(baseline)
         iterators["planned"] = _Batches(host_pipeline())
-        iterators["streaming"] = iter(streaming)
         iterators["planned_global"] = planned_global()
         for iterator in iterators.values():
             for _ in range(sizes.warmup_batches):
@@ -283,7 +264,6 @@ def measure_variant(
     finally:
         for iterator in iterators.values():
             common.close_iterator(iterator)
-        streaming_iterator.close()
 
     def ratio(numerator: str, denominator: str) -> dict[str, Any]:
         return throughput._ratios(values[numerator], values[denominator])  # noqa: SLF001
@@ -298,7 +278,6 @@ def measure_variant(
         "planned_over_ceiling_batched": ratio("planned", "ceiling_batched"),
         "ceiling_batched_over_ceiling": ratio("ceiling_batched", "ceiling"),
         "records_per_batched_read": group,
-        "streaming_over_grain": ratio("streaming", "grain"),
         "grain_over_ceiling": ratio("grain", "ceiling"),
         "planned_global_over_grain": ratio("planned_global", "grain"),
         "planned_global_over_planned": ratio("planned_global", "planned"),
@@ -345,7 +324,6 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
             "eod_token_id": EOD,
             "planned_packing": "best_fit",
             "grain_packing": f"first fit, {sizes.batch_size} bins",
-            "streaming_packing": "first fit, library default bins",
             "corpus": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
             "token": "non-padding target tokens (= document tokens)",
         },
@@ -377,7 +355,6 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         for key in (
             "planned_over_ceiling_batched",
-            "streaming_over_grain",
             "planned_global_over_grain",
         ):
             stats = variant[key]

@@ -4,7 +4,7 @@
     python -m bench.run --config=run.py [--config.KEY=VALUE ...] [--steps=N] [--out=DIR]
 
 `xlstm-data bench ...` is the same command (same flags, same files). Names are
-any of throughput, packing, resume, loop_wait, memory, plan, plan_throughput,
+any of throughput, resume, loop_wait, memory, plan, plan_throughput,
 cold_start, plan_packing, plan_mixture, device_overlap (default: all, unless
 `--config` is given). `--tiny` runs smoke-test sizes in seconds (the figures
 mean nothing); results go to `--out` (default `bench/results/`, or

@@ -130,23 +130,6 @@ def scenario_rampup_resume(params: dict) -> dict:
     }
 
 
-def scenario_pad_shapes(params: dict) -> dict:
-    """Hosts with ragged batches of different widths meet at a common shape."""
-    import jax
-    import numpy as np
-
-    import xlstm_data as xd
-
-    me = jax.process_index()
-    loader = [{"x": np.full((2, 3 + me + step), me + 1, np.int32)} for step in range(3)]
-    iterator = xd.MultiHostDataLoadIterator(loader, xd.create_mesh(), pad_shapes=True, pad_value=-1)
-    batches = list(iterator)
-    return {
-        "shapes": [list(b["x"].shape) for b in batches],
-        "rows": [local_rows(b["x"]) for b in batches],
-    }
-
-
 def checkpoint_data_config() -> dict:
     """A small synthetic 2-component mixture with ramp-up (shared with tests)."""
     return {
@@ -381,7 +364,6 @@ SCENARIOS = {
     "save_checkpoint": scenario_save_checkpoint,
     "epoch": scenario_epoch,
     "rampup_resume": scenario_rampup_resume,
-    "pad_shapes": scenario_pad_shapes,
     "planned_rows": scenario_planned_rows,
 }
 

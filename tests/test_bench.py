@@ -15,7 +15,7 @@ import pytest
 
 from bench import BENCHMARKS, run
 
-PNG = {"throughput", "packing", "resume", "memory"}
+PNG = {"throughput", "resume", "memory"}
 
 
 @pytest.fixture(scope="module")
@@ -73,24 +73,6 @@ def test_throughput(results):
     assert len(result["targets"]) == len(result["variants"])
 
 
-def test_packing(results):
-    result = _load(results, "packing")
-    for corpus in ("demo", "lognormal"):
-        for rows in ("first_fit", "padding_only"):
-            report = result["corpora"][corpus][rows]
-            _positive_stats(report["non_padding_share"])
-            assert report["non_padding_share"]["max"] <= 1.0
-            assert 0 < report["per_batch"]["min"] <= report["per_batch"]["max"] <= 1.0
-    sweep = result["lognormal_first_fit_share_by_bins"]
-    assert sweep and all(0 < s <= 1 for s in sweep.values())
-    # First fit never pads more than one chunk per row does.
-    lognormal = result["corpora"]["lognormal"]
-    assert (
-        lognormal["first_fit"]["non_padding_share"]["median"]
-        >= lognormal["padding_only"]["non_padding_share"]["median"]
-    )
-
-
 def test_resume(results):
     result = _load(results, "resume")
     assert set(result["resume_secs"]) == {"10", "100", "1000"}
@@ -125,7 +107,6 @@ def test_plan_throughput(results):
             "ceiling_batched",
             "grain",
             "planned",
-            "streaming",
             "planned_global",
         }
         for stats in variant["tokens_per_sec"].values():

@@ -1,4 +1,4 @@
-"""Single-process behaviour of MultiHostDataLoadIterator and LLMBatch."""
+"""Single-process behaviour of the data iterator and LLMBatch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import itertools
 import json
 
 import clu.data
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +13,6 @@ import pytest
 
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal, to_numpy, unique_token_docs
-from xlstm_data.batch import LLM_BATCH_FIELDS
-from xlstm_data.streaming.batching import ScheduledBatchIterDataset
 
 
 @pytest.fixture(scope="module")
@@ -88,99 +85,54 @@ def test_every_for_loop_over_an_eval_iterator_is_one_full_pass(mesh):
     assert len(list(train)) == len(full) - 1
 
 
-def test_extra_row_fields_reach_the_batch(mesh):
-    rows = grain.MapDataset.source(
-        [
-            {
-                "inputs": np.full(4, i, np.int32),
-                "targets": np.full(4, i + 1, np.int32),
-                "inputs_segmentation": np.ones(4, np.int32),
-                "targets_segmentation": np.ones(4, np.int32),
-                "inputs_position": np.arange(4, dtype=np.int32),
-                "targets_position": np.arange(4, dtype=np.int32),
-                "loss_weights": np.full(4, 0.5, np.float32),
-            }
-            for i in range(6)
-        ]
-    ).to_iter_dataset()
-    seen = []
-
-    class RecordingBatch(dict):
-        @classmethod
-        def from_dict(cls, data):
-            seen.append(sorted(data))
-            return cls(data)
-
-    iterator = xd.make_grain_multihost_iterator(
-        rows, None, mesh, 4, worker_count=0, batch_class=RecordingBatch, drop_remainder=False
-    )
-    batches = list(iterator)
-    assert all(isinstance(b, RecordingBatch) for b in batches) and len(batches) == 2
-    assert seen[0] == sorted(["loss_weights", *LLM_BATCH_FIELDS])
-    weights = np.asarray(batches[1]["loss_weights"])
-    assert weights.dtype == np.float32 and weights.shape == (4, 4)
-    assert batches[1]["loss_weights"].sharding == xd.data_sharding(mesh)
-    np.testing.assert_array_equal(weights[:2], 0.5)
-    np.testing.assert_array_equal(weights[2:], 0.0)  # padding rows weigh nothing
-    plain = xd.make_grain_multihost_iterator(rows, None, mesh, 4, worker_count=0, batch_class=dict)
-    assert "loss_weights" in next(plain)
-
-
 def test_iterator_length_stops_and_resets(mesh):
-    rows = grain.MapDataset.source([{"x": np.full(3, i, np.int32)} for i in range(40)])
-    loader = ScheduledBatchIterDataset(rows.to_iter_dataset(), 4)
-    iterator = xd.MultiHostDataLoadIterator(loader, mesh, iterator_length=3, reset_after_epoch=True)
-    first = [np.asarray(b["x"])[:, 0].tolist() for b in iterator]
-    again = [np.asarray(b["x"])[:, 0].tolist() for b in iterator]
-    assert first == again == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    no_reset = xd.MultiHostDataLoadIterator(loader, mesh, iterator_length=2)
-    assert len(list(no_reset)) == 2 and list(no_reset) == []
+    evaluation = _eval_iterator(mesh, reset_after_epoch=True)
+    first = [to_numpy(b)["inputs"] for b in evaluation]
+    again = [to_numpy(b)["inputs"] for b in evaluation]
+    assert len(first) == evaluation.iterator_length > 1
+    for x, y in zip(first, again, strict=True):
+        np.testing.assert_array_equal(x, y)
+    once = _eval_iterator(mesh)
+    assert len(list(once)) == len(first) and list(once) == []
 
 
-def test_plain_iterable_dataloader_and_pad_shapes(mesh):
-    def host_batches():
-        for n in (3, 5):
-            yield {"x": np.ones((4, n), np.int32)}
+class _CountingDocuments:
+    """Documents that record which were read."""
 
-    class Loader:
-        def __iter__(self):
-            return host_batches()
+    def __init__(self, count):
+        self.read = []
+        self._docs = unique_token_docs(range(1, count + 1))
 
-    iterator = xd.MultiHostDataLoadIterator(Loader(), mesh, pad_shapes=True, pad_value=-1)
-    shapes = [b["x"].shape for b in iterator]
-    assert shapes == [(4, 3), (4, 5)]
-    state = iterator.get_state()
-    assert state["iterator"] is None and state["local_batches"] == 2
+    def __len__(self):
+        return len(self._docs)
 
-
-def test_plain_iterable_resumes_by_replaying(mesh):
-    loader = [{"x": np.full((4, 2), i, np.int32)} for i in range(5)]
-    iterator = xd.MultiHostDataLoadIterator(loader, mesh)
-    next(iterator)
-    next(iterator)
-    state = iterator.get_state()
-    fresh = xd.MultiHostDataLoadIterator(loader, mesh)
-    fresh.set_state(state)
-    assert [int(np.asarray(b["x"])[0, 0]) for b in fresh] == [2, 3, 4]
+    def __getitem__(self, index):
+        self.read.append(index)
+        return self._docs[index]
 
 
 def test_prefetch_starts_on_demand_so_a_restore_wastes_no_batch(mesh):
-    produced = []
-
-    class CountingLoader:
-        def __iter__(self):
-            for i in range(6):
-                produced.append(i)
-                yield {"x": np.full((4, 2), i, np.int32)}
-
-    iterator = xd.MultiHostDataLoadIterator(CountingLoader(), mesh, prefetch=2)
-    assert produced == []  # nothing read at construction
-    iterator.set_state({**iterator.get_state(), "step": 2, "local_batches": 2})
-    assert produced == [0, 1]  # the replayed batches only, nothing prepared ahead
-    iterator.start_prefetch()
-    iterator.start_prefetch()  # idempotent
-    assert int(np.asarray(next(iterator)["x"])[0, 0]) == 2
-    assert produced[:3] == [0, 1, 2] and len(produced) <= 5
+    documents = _CountingDocuments(200)
+    iterator = xd.make_grain_llm_iterator(
+        None, None, mesh, documents, 4, 8, True, 0, worker_count=0, prefetch=2
+    )
+    state = None
+    for _ in range(2):
+        next(iterator)
+        state = iterator.get_state()
+    expected = to_numpy(next(iterator))
+    iterator.close()
+    documents.read.clear()
+    fresh = xd.make_grain_llm_iterator(
+        None, None, mesh, documents, 4, 8, True, 0, worker_count=0, prefetch=2
+    )
+    counted = len(documents.read)  # the lengths of every document, once
+    fresh.set_state(state)
+    assert len(documents.read) == counted  # no batch prepared ahead, none replayed
+    fresh.start_prefetch()
+    fresh.start_prefetch()  # idempotent
+    assert_batches_equal(next(fresh), expected)
+    fresh.close()
 
 
 def test_clu_surface_save_restore_and_element_spec(mesh, tmp_path):
@@ -197,33 +149,35 @@ def test_clu_surface_save_restore_and_element_spec(mesh, tmp_path):
     assert_batches_equal(next(fresh), expected)
 
 
-def test_restore_refuses_another_process_layout(mesh, tmp_path):
+def test_restore_refuses_what_it_cannot_continue(mesh, tmp_path):
     iterator = _eval_iterator(mesh)
     state = iterator.get_state()
-    with pytest.raises(
-        xd.DataConfigError, match="process_count=2 but this run has process_count=1"
-    ):
-        iterator.set_state(dict(state, process_count=2))
-    with pytest.raises(xd.DataConfigError, match="format_version=99"):
+    with pytest.raises(xd.DataCheckpointError, match="plan state format 99"):
         iterator.set_state(dict(state, format_version=99))
+    with pytest.raises(xd.DataCheckpointError, match="streaming pipeline of an older version"):
+        iterator.set_state({"format_version": 1, "step": 3, "iterator": {}})
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(xd.DataConfigError, match="bad.json"):
+    with pytest.raises(xd.DataCheckpointError, match="bad.json"):
         iterator.restore(tmp_path / "bad.json")
+    iterator.close()
+
+
+class _BrokenDocuments(_CountingDocuments):
+    def __getitem__(self, index):
+        if len(self.read) > 300:
+            raise RuntimeError("disk on fire")
+        return super().__getitem__(index)
 
 
 def test_errors_in_the_pipeline_reach_the_caller(mesh):
-    def broken():
-        yield {"x": np.ones((4, 2), np.int32)}
-        raise RuntimeError("disk on fire")
-
-    class Loader:
-        def __iter__(self):
-            return broken()
-
-    iterator = xd.MultiHostDataLoadIterator(Loader(), mesh)
-    next(iterator)
+    documents = _BrokenDocuments(200)
+    iterator = xd.make_grain_llm_iterator(
+        None, None, mesh, documents, 4, 8, True, 0, worker_count=0
+    )
     with pytest.raises(RuntimeError, match="disk on fire"):
-        next(iterator)
+        for _ in range(100):
+            next(iterator)
+    iterator.close()
 
 
 def test_llm_batch_is_a_pytree():

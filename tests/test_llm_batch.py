@@ -267,21 +267,6 @@ def test_from_inputs_shifts_right_with_one_document_per_row():
         xd.LLMBatch.from_inputs(np.arange(3))
 
 
-def test_an_iterator_over_llm_batches_keeps_their_extra_fields():
-    mesh = xd.create_mesh()
-    rows = 2 * xd.data_parallel_size(mesh)
-    six = {name: np.ones((rows, 8), np.int32) for name in xd.batch.LLM_BATCH_FIELDS}
-    local = [
-        xd.LLMBatch.from_dict({**six, "loss_weights": np.full((rows, 8), i, np.float32)})
-        for i in range(3)
-    ]
-    iterator = xd.MultiHostDataLoadIterator(local, mesh, batch_class=xd.LLMBatch)
-    got = list(iterator)
-    iterator.close()
-    assert [float(np.asarray(b.loss_weights)[0, 0]) for b in got] == [0.0, 1.0, 2.0]
-    assert got[0].loss_weights.sharding == got[0].inputs.sharding
-
-
 def test_a_batch_reads_as_a_mapping_of_its_fields_for_dict_style_loops():
     from collections.abc import Mapping
 

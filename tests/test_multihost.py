@@ -89,13 +89,3 @@ def test_rampup_restore_inside_and_across_stages_on_two_processes(tmp_path):
         assert result["shapes"] == expected
         assert result["mismatches"] == []
         assert result["states_past_first_block"] >= 3  # the restores start mid-plan
-
-
-def test_pad_shapes_pads_ragged_host_batches_to_a_common_shape(tmp_path):
-    results = run_processes("pad_shapes", 2, tmp_path)
-    for result in results:
-        # Process 1's rows are one wider at every step; process 0's are padded with -1.
-        assert result["shapes"] == [[4, 4], [4, 5], [4, 6]]
-    rows = results[0]["rows"][0]
-    assert rows["0"] == [1, 1, 1, -1] and rows["1"] == [1, 1, 1, -1]
-    assert results[1]["rows"][0]["2"] == [2, 2, 2, 2]

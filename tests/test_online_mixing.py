@@ -156,7 +156,7 @@ def _train_iterator():
         ({"long": -1.0, "short": 1.0}, 5, "set_mixture(weights)['long']=-1.0 is invalid"),
         ({"long": math.nan}, 5, "set_mixture(weights)['long']=nan is invalid"),
         ({"long": math.inf}, 5, "set_mixture(weights)['long']=inf is invalid"),
-        ({"long": 0.0, "short": 0}, 5, "set_mixture(weights) gives every component weight 0"),
+        ({"long": 0.0, "short": 0}, 5, "set_mixture(weights): all weights are zero"),
         ({}, 5, "set_mixture(weights)={} is invalid"),
         ({"long": 1.0}, 2.5, "set_mixture(from_step=2.5) is invalid; expected an int"),
     ],

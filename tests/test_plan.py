@@ -308,7 +308,7 @@ def test_best_fit_fills_99_percent_of_the_lognormal_bench_corpus_at_1024():
         ([[1, {"a": 1}]], "must start at 0"),
         ([[0, {"a": 1}], [5, {"b": 1}], [3, {"a": 1}]], "strictly increasing"),
         ([[0, {"a": 1, "c": 1}]], "unknown components ['c']"),
-        ([[0, {"a": 1}], [4, {"a": 0, "b": 0}]], "weight 0"),
+        ([[0, {"a": 1}], [4, {"a": 0, "b": 0}]], "all weights are zero"),
         ([[0, {"a": 1}], [2.5, {"a": 1}]], "int >= 0"),
         ([[0, {"a": 1}], [-2, {"a": 1}]], "int >= 0"),
         ([[0, {"a": -1}]], "finite number >= 0"),

@@ -164,7 +164,7 @@ def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
 
 
 def test_a_saved_cursor_follows_datasets_by_name_when_the_datasets_change():
-    from xlstm_data.multihost.planned_iterator import cursor_by_name
+    from xlstm_data.multihost.plan_state import cursor_by_name
 
     # [step, stage start, block start a, b, rows taken a, b, served a, b]
     state = {"sources": ["a", "b"], "cursor": [30, 10, 2048, 64, 7, 9, 500, 77]}

@@ -26,8 +26,8 @@ import pytest
 
 import xlstm_data as xd
 from tests.helpers import unique_token_docs
-from xlstm_data.multihost.iterator import IteratorClosedError
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
+from xlstm_data.multihost.resources import IteratorClosedError
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT_TIMEOUT_S = 120
@@ -42,13 +42,13 @@ import xlstm_data as xd
 if __name__ == "__main__":
     mesh = xd.create_mesh()
     docs = [{"tokens": np.arange(10, 13 + i % 7, dtype=np.int32)} for i in range(64)]
-    # worker_count=1 is the default; batches of 32 x 2048 tokens are batched in
+    # worker_count=1 is the default; steps of 32 x 2048 tokens are computed in
     # the worker and big enough to cross in shared memory.
     endless = xd.make_grain_llm_iterator(
         None, None, mesh, [{"tokens": np.arange(10, 3000, dtype=np.int32)}] * 64, 32, 2048,
         True, 0, grain_packing=True,
     )
-    # Two workers on a finite stream send rows, which end unevenly.
+    # Two workers on a finite run: every step exactly once, in order.
     finite = xd.make_grain_llm_iterator(
         None, None, mesh, docs, 4, 8, False, 0, num_epochs=1, worker_count=2, grain_packing=True
     )
@@ -90,7 +90,7 @@ if __name__ == "__main__":
     mesh = xd.create_mesh()
     docs = [{"tokens": np.arange(10, 20 + i % 5, dtype=np.int32)} for i in range(64)]
     iterator = xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=2)
-    for _ in range(3):
+    for _ in range(12):  # past the steps computed here while the workers start
         next(iterator)
     print("READY", flush=True)
     time.sleep(300)
@@ -303,7 +303,7 @@ def test_dropped_iterators_release_their_threads(mesh):
     for _ in range(5):
         iterator = _iterator(mesh)
         next(iterator)
-        assert iterator._prefetcher.thread.is_alive()
+        assert iterator._resources.prefetcher.thread.is_alive()
         refs.append(weakref.ref(iterator))
     del iterator
     deadline = time.monotonic() + 10
@@ -317,7 +317,7 @@ def test_dropped_iterators_release_their_threads(mesh):
 def test_next_after_close_raises_a_clear_error(mesh):
     iterator = _iterator(mesh)
     next(iterator)
-    thread = iterator._prefetcher.thread
+    thread = iterator._resources.prefetcher.thread
     iterator.close()
     assert not thread.is_alive()
     iterator.close()  # closing twice is harmless

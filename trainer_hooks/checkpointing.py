@@ -240,7 +240,7 @@ def restore_or_initialize(
         step = manager.latest_step()
     if step is None:
         logging.info("no checkpoint in %s; starting from step 0", manager.directory)
-        _start_prefetch(iterator)
+        iterator.start_prefetch()
         return initial_state, 0
     items = saved_items(manager, step)
     if MODEL_ITEM not in items:
@@ -287,7 +287,7 @@ def restore_or_initialize(
         if name in args:
             set_state(restored[name])
     logging.info("restored step %d from %s (items %s)", step, manager.directory, sorted(args))
-    _start_prefetch(iterator)
+    iterator.start_prefetch()
     return restored[MODEL_ITEM], step
 
 
@@ -302,7 +302,7 @@ def _earlier_steps_hint(manager: ocp.CheckpointManager, step: int) -> str:
 
 
 def _iterator_mesh(iterator: Any, mesh: Mesh | None) -> Mesh | None:
-    return mesh if mesh is not None else getattr(iterator, "global_mesh", None)
+    return mesh if mesh is not None else iterator.global_mesh
 
 
 def restore_target(state: Any, mesh: Mesh | None) -> Any:
@@ -328,8 +328,3 @@ def restore_target(state: Any, mesh: Mesh | None) -> Any:
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
     return jax.tree.map(leaf_target, state)
-
-
-def _start_prefetch(iterator: Any) -> None:
-    if hasattr(iterator, "start_prefetch"):
-        iterator.start_prefetch()

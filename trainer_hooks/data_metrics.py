@@ -34,7 +34,7 @@ class DataMetricsHook(StepAnchoredAction):
 
     Args:
       writer: Where the scalars go (a jax-loop-utils `MetricWriter`).
-      iterator: The train `MultiHostDataLoadIterator`.
+      iterator: The train `PlannedDataIterator`.
       every_steps: Report when the step is a multiple of this.
       on_steps: Also report at these steps.
       prefix: Prefix of the scalar names.
@@ -110,19 +110,17 @@ class DataMetricsHook(StepAnchoredAction):
             "wait_secs_per_step": delta[_WAIT] / max(delta[_BATCHES], 1.0),
             "tokens_seen": totals[_TOKENS],
         }
-        if getattr(self.iterator, "batch_schedule", None) is not None:
-            scalars["batch_size"] = self.iterator.last_batch_size()
+        scalars["batch_size"] = self.iterator.last_batch_size()
         names = self.iterator.component_names or ("all",)
         for name, component_tokens in zip(names, delta[_SPLIT + 1 :], strict=False):
             scalars[f"share/{name}"] = component_tokens / tokens if tokens else 0.0
-        stage_at = getattr(self.iterator, "mixture_stage_at", None)
-        if stage_at is not None:  # the plan: its stage and planned shares next to the real ones
-            last = max(self.iterator.step_counter - 1, 0)
-            stage, planned = stage_at(last)
-            scalars["mixture_stage"] = stage
-            for name, share in planned.items():
-                scalars[f"planned_share/{name}"] = share
-            scalars["data_step"] = self.iterator.data_step_at(last)
+        # The plan's stage and planned shares, next to the served ones.
+        last = max(self.iterator.step_counter - 1, 0)
+        stage, planned = self.iterator.mixture_stage_at(last)
+        scalars["mixture_stage"] = stage
+        for name, share in planned.items():
+            scalars[f"planned_share/{name}"] = share
+        scalars["data_step"] = self.iterator.data_step_at(last)
         totals = None if self._losses is None else self._losses.take()
         if totals is not None:
             for name, loss in zip(self._losses.names, mean_losses(totals), strict=True):

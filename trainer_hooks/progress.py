@@ -77,8 +77,7 @@ class ProgressHook(StepAnchoredAction):
         if self.metrics is not None:
             parts += [f"{k} {v:.4g}" for k, v in self.metrics().items()]
         if self.iterator is not None:
-            if getattr(self.iterator, "batch_schedule", None) is not None:
-                parts.append(f"batch {self.iterator.last_batch_size()}")
+            parts.append(f"batch {self.iterator.last_batch_size()}")
             waited = self.iterator.data_counters.wait_secs
             parts.append(f"data wait {100 * (waited - self._wait_at_previous) / elapsed:.1f}%")
             self._wait_at_previous = waited

@@ -13,9 +13,9 @@ from xlstm_data.factories import (
 )
 from xlstm_data.from_config import iterators_from_config
 from xlstm_data.multihost.host_layout import DataHostLayout, data_host_layout
-from xlstm_data.multihost.iterator import IteratorClosedError, MultiHostDataLoadIterator
+from xlstm_data.multihost.iterator import MultiHostDataLoadIterator, PlannedDataIterator
 from xlstm_data.multihost.mesh import create_mesh, data_parallel_size, data_sharding
-from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+from xlstm_data.multihost.resources import IteratorClosedError
 from xlstm_data.source_loss import loss_by_source
 from xlstm_data.sources import tokenizers
 

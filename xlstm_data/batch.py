@@ -47,23 +47,8 @@ SOURCE_ID_FIELD = "source_ids"
 #: `jax.nn.one_hot` of it is all zeros.
 SOURCE_ID_PADDING = -1
 
-#: Suffixes of the fields that mark padding; they are always padded with 0.
-MASK_FIELD_SUFFIXES: tuple[str, ...] = ("_segmentation", "_position")
-
 #: Dataclass fields that are not batch fields of their own.
 _NON_DATA_FIELDS: frozenset[str] = frozenset({"extra", "_document_borders"})
-
-
-def padding_value(field: str, pad_value: int | float = 0) -> int | float:
-    """The value a padded slot of `field` gets.
-
-    Segmentation and position fields get 0, so padding reads as padding to a
-    masked loss whatever `pad_value` the token fields use.
-    `source_ids` gets `SOURCE_ID_PADDING`.
-    """
-    if field == SOURCE_ID_FIELD:
-        return SOURCE_ID_PADDING
-    return 0 if field.endswith(MASK_FIELD_SUFFIXES) else pad_value
 
 
 def _is_array(value: Any) -> bool:

@@ -19,8 +19,8 @@ and orbax step directory must agree. A planned iterator's state (the
 config path) is the step and the plan's cursor, the same in every file, so a
 restore on another process count reads the saving processes' files and checks
 that they agree. A restore refuses what would silently resume the wrong data: a
-changed data config unless the change is explicitly allowed, and, for the
-streaming iterator of the reference factories, another process count.
+changed data config (or factory arguments) unless the change is explicitly
+allowed.
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ from xlstm_data.config.fingerprint import (
 )
 from xlstm_data.config.resume_changes import future_only_changes, is_mixture_key
 from xlstm_data.errors import DataCheckpointError
-from xlstm_data.multihost.planned_iterator import (
-    PlannedDataIterator,
+from xlstm_data.multihost.plan_state import (
     is_plan_state,
     merge_plan_states,
     saved_data_step,
@@ -77,16 +76,12 @@ def _grain_version() -> str:
 
 
 def _flat_config(iterator: Any, data_config: Any) -> dict[str, Any] | None:
-    config = data_config if data_config is not None else getattr(iterator, "data_config", None)
+    config = data_config if data_config is not None else iterator.data_config
     if config is None:
         return None
     if isinstance(config, FactorySettings):
         return config.flat(iterator.source_documents, iterator.source_identities)
-    return flat_data_config(
-        config,
-        getattr(iterator, "source_documents", None),
-        getattr(iterator, "source_identities", None),
-    )
+    return flat_data_config(config, iterator.source_documents, iterator.source_identities)
 
 
 class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
@@ -109,7 +104,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             "data_config": flat,
         }
         if layout.process_index == 0:  # the file tables once, to name changed files
-            header["data_files"] = getattr(args.iterator, "source_files", None)
+            header["data_files"] = args.iterator.source_files
         name = state_file_name(layout.process_index, layout.process_count)
         return name, {"header": header, "state": state, "checksum": checksum(header, state)}
 
@@ -160,13 +155,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
     def _restore_here(self, directory: epath.Path, args: DataCheckpointRestore) -> dict[str, Any]:
         layout = args.iterator.layout
         path = directory / state_file_name(layout.process_index, layout.process_count)
-        if isinstance(args.iterator, PlannedDataIterator):
-            path, header, state = _planned_record(directory, path, layout)
-        else:
-            if not path.exists():
-                raise _missing_file_error(directory, path, layout.process_count)
-            header, state = read_record(path)
-            _check_header(path, header, layout)
+        path, header, state = _planned_record(directory, path, layout)
         _check_steps(directory, path, header, state)
         current = _flat_config(args.iterator, args.data_config)
         data_step = saved_data_step(state)
@@ -176,7 +165,7 @@ class DataCheckpointHandler(ocp.AsyncCheckpointHandler):
             current,
             args.allow_config_change,
             data_step,
-            files=(_recorded_files(directory), getattr(args.iterator, "source_files", None)),
+            files=(_recorded_files(directory), args.iterator.source_files),
         )
         if header.get("grain_version") != _grain_version():
             logging.warning(
@@ -226,8 +215,7 @@ class DataCheckpointSave(ocp.args.CheckpointArgs):
     """Saves `iterator`'s position (its state when the save starts).
 
     Attributes:
-      iterator: A `MultiHostDataLoadIterator` (anything with `get_state()` and
-        a `layout` with `process_index`/`process_count`).
+      iterator: The data iterator (`PlannedDataIterator`).
       data_config: The data config to fingerprint; defaults to
         `iterator.data_config`, which `iterators_from_config` sets.
     """
@@ -266,11 +254,10 @@ def _planned_record(
     On the saving layout this process's own file holds the position; on
     another layout every file of the saving run is read, and they must agree.
     """
-    if own.exists():
+    if own.exists():  # the saving layout: set_state refuses a position of an older format
         header, state = read_record(own)
         _check_version(own, header)
-        if is_plan_state(state):
-            return own, header, state
+        return own, header, state
     saved = sorted(
         (int(m.group(2)), int(m.group(1)), p)
         for p in directory.glob("process_*-of-*.json")
@@ -297,9 +284,8 @@ def _planned_record(
     if not all(is_plan_state(state) for state in states):
         raise DataCheckpointError(
             f"the data position in {directory} was saved by process_count={counts[0]} processes "
-            f"with the streaming pipeline, which cannot resume on process_count="
-            f"{layout.process_count}; resume with {counts[0]} processes, or restart the data "
-            "deliberately (--start_data_fresh)"
+            f"with the streaming pipeline of an older version, which cannot be carried over; "
+            "restore the model only and restart the data deliberately (--start_data_fresh)"
         )
     logging.info(
         "resuming the planned data position of %d processes on %d",
@@ -375,41 +361,6 @@ def _check_steps(
             f"{found_in}; a data item moved between steps would resume the wrong data. "
             f"{_RESTORE_ELSEWHERE}"
         )
-
-
-def _missing_file_error(
-    directory: epath.Path, path: epath.Path, process_count: int
-) -> DataCheckpointError:
-    saved_counts = sorted(
-        {
-            int(match.group(2))
-            for p in directory.glob("process_*-of-*.json")
-            if (match := STATE_FILE.fullmatch(p.name))
-        }
-    )
-    if saved_counts and process_count not in saved_counts:
-        return DataCheckpointError(
-            f"the data position in {directory} was saved by process_count="
-            f"{', '.join(map(str, saved_counts))} processes but this run has process_count="
-            f"{process_count}; resuming would silently restart or skip data. Resume with "
-            f"{saved_counts[0]} processes, or restore the model only and restart the data "
-            "stream deliberately (restore_or_initialize(..., start_data_fresh=True); "
-            "trainer_hooks.train: --start_data_fresh)"
-        )
-    return DataCheckpointError(
-        f"data-state file {path} is missing from the checkpoint (found "
-        f"{sorted(p.name for p in directory.glob('*'))}); the checkpoint is incomplete"
-    )
-
-
-def _check_header(path: epath.Path, header: Mapping[str, Any], layout: Any) -> None:
-    _check_version(path, header)
-    for key in ("process_count", "process_index"):
-        if header.get(key) != getattr(layout, key):
-            raise DataCheckpointError(
-                f"data-state file {path} was saved with {key}={header.get(key)} but this run "
-                f"has {key}={getattr(layout, key)}"
-            )
 
 
 def _check_config(

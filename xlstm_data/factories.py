@@ -32,7 +32,7 @@ from xlstm_data.config.rampup import BatchSizeSchedule, RampupSchedule, parse_ra
 from xlstm_data.errors import DataConfigError
 from xlstm_data.from_config import check_batch_fits, check_layout_divides, source_lengths
 from xlstm_data.multihost.host_layout import data_host_layout
-from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.plan.mixture import MixtureSchedule, parse_mixture_weights
 from xlstm_data.plan.spec import PlanSpec

@@ -23,7 +23,7 @@ from xlstm_data.config.end_of_document import resolve_eod_token_id
 from xlstm_data.config.rampup import BatchSizeSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.multihost.host_layout import data_host_layout
-from xlstm_data.multihost.planned_iterator import PlannedDataIterator
+from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.spec import PlanSpec

@@ -28,7 +28,7 @@ from xlstm_data.config.fingerprint import (
 )
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.from_config import TrainPlan, open_train_plan
-from xlstm_data.multihost.planned_iterator import (
+from xlstm_data.multihost.plan_state import (
     cursor_by_name,
     merge_plan_states,
     saved_data_step,

@@ -326,7 +326,6 @@ def one_pass_steps(plan: Any, tokens: dict[str, int]) -> dict[str, int | None]:
 def _run_steps(train: Any, steps: int) -> dict[str, Any]:
     names = train.component_names or ("all",)
     batch_sizes, tokens, slots, per_component, planned = [], [], [], [], []
-    stage_at = getattr(train, "mixture_stage_at", None)  # the plan's iterator has it
     first = None
     for _ in range(steps):
         try:
@@ -339,8 +338,7 @@ def _run_steps(train: Any, steps: int) -> dict[str, Any]:
         tokens.append(counters.tokens)
         slots.append(counters.slots)
         per_component.append(counters.component_tokens.copy())
-        if stage_at is not None:
-            planned.append(list(stage_at(train.step_counter - 1)[1].values()))
+        planned.append(list(train.mixture_stage_at(train.step_counter - 1)[1].values()))
     tokens_arr = np.diff([0, *tokens])
     slots_arr = np.diff([0, *slots])
     cumulative = np.asarray(per_component, dtype=float)

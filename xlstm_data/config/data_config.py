@@ -19,12 +19,11 @@ import ml_collections
 from xlstm_data.checks import check_int
 from xlstm_data.config.rampup import RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
-from xlstm_data.plan.mixture import UNITS, MixtureSchedule, parse_mixture_schedule
+from xlstm_data.plan.mixture import UNITS, MixtureSchedule, check_weight, parse_mixture_schedule
 from xlstm_data.plan.packing import packing_mode
 from xlstm_data.plan.skips import StepSkips, parse_skip_steps
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
 from xlstm_data.sources import expand_files
-from xlstm_data.streaming.mixing import check_weight, normalize_weights
 
 #: Options of each source kind: name -> (required, default).
 SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
@@ -86,7 +85,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "read_threads": None,
 }
 
-#: Keys of the streaming pipeline that the planned config path no longer has.
+#: Keys of the old streaming pipeline that the planned config path does not have.
 REMOVED_KEYS: dict[str, str] = {
     "packing_bin_count": (
         "the planned pipeline packs whole blocks of documents (data.block_documents) with "
@@ -230,13 +229,6 @@ class DataConfig:
             )
         )
 
-    @property
-    def weights(self) -> dict[str, float]:
-        """Normalised mixture weights of the train datasets with weight > 0."""
-        return normalize_weights(
-            [s.name for s in self.train], {s.name: s.weight for s in self.train}
-        )
-
     def to_json_dict(self) -> dict[str, Any]:
         """A JSON-able view (used for fingerprints and `inspect`)."""
         out = dataclasses.asdict(self)
@@ -290,7 +282,7 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
         expand_files(options["path"], f"{key}.path")  # what the source will open
     weight = spec.get("weight", 1.0)
     if with_weight:
-        check_weight(f"{key}.weight={weight!r}", weight)
+        check_weight(f"{key}.weight", weight)
     elif "weight" in spec:
         raise DataConfigError(f"{key}.weight is set but eval datasets are not mixed; remove it")
     return SourceConfig(name, kind, float(weight), tuple(sorted(options.items())))
@@ -341,9 +333,7 @@ def validate_data_config(config: Any) -> DataConfig:
             f"data.eval names {collisions} collide with data.train names; give eval datasets "
             "distinct names"
         )
-    normalize_weights(
-        [s.name for s in train], {s.name: s.weight for s in train}, key="data.train.*.weight"
-    )
+    parse_mixture_schedule(None, [s.name for s in train], {s.name: s.weight for s in train})
     global_batch_size = check_int("data.global_batch_size", d["global_batch_size"], 1)
     num_epochs = check_int("data.num_epochs", d["num_epochs"], 1, optional=True)
     if num_epochs is not None and sum(s.weight > 0 for s in train) > 1:

@@ -4,8 +4,7 @@ The training loop wants to know tokens/s, padding and mixture shares as they
 really were, and how long it waited for data. Counting happens on host numpy
 batches in the prefetch thread (a few vectorised sums per batch), and only
 batches actually handed to the loop are added, so the figures match the
-steps taken. Rows of a mixture carry the index of their component in
-`COMPONENT_ID_FIELD`, which the iterator strips before forming the batch.
+steps taken. Tokens per dataset come from the plan's pieces of the batch.
 """
 
 from __future__ import annotations
@@ -14,9 +13,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-
-#: Per-row index of the mixture component (added before mixing, removed by the iterator).
-COMPONENT_ID_FIELD = "mixture_component_id"
 
 #: The field whose non-zero entries are the tokens that count (the loss mask).
 TOKEN_MASK_FIELD = "targets_segmentation"
@@ -31,8 +27,7 @@ class BatchCounts:
       slots: All target positions (tokens plus padding).
       rows: Rows holding at least one token.
       component_tokens: Tokens per mixture component, in `component_names` order.
-      documents: Documents begun in the batch (pieces at a document's start;
-        planned batches only).
+      documents: Documents begun in the batch (pieces at a document's start).
       split_documents: Pieces continuing a document from an earlier row.
     """
 
@@ -45,24 +40,28 @@ class BatchCounts:
 
 
 def count_batch(
-    host: Mapping[str, np.ndarray], component_ids: np.ndarray | None, component_count: int
-) -> BatchCounts | None:
-    """Counts one host batch; None when it has no token mask field."""
-    mask = host.get(TOKEN_MASK_FIELD)
-    if mask is None:
-        return None
-    per_row = np.count_nonzero(np.asarray(mask).reshape(mask.shape[0], -1), axis=1)
-    per_component = np.zeros(max(component_count, 1), dtype=np.int64)
-    if component_ids is None or component_count <= 1:
-        per_component[0] = per_row.sum()
-    else:
-        ids = np.clip(np.asarray(component_ids, dtype=np.int64), 0, component_count - 1)
-        np.add.at(per_component, ids, per_row)
+    host: Mapping[str, np.ndarray],
+    source_tokens: np.ndarray,
+    documents: int = 0,
+    split_documents: int = 0,
+) -> BatchCounts:
+    """Counts one host batch of the plan.
+
+    Args:
+      host: The batch's fields (`TOKEN_MASK_FIELD` marks the tokens).
+      source_tokens: Tokens per dataset, as the plan placed them.
+      documents: Documents begun in the batch.
+      split_documents: Pieces continuing a document from an earlier row.
+    """
+    mask = np.asarray(host[TOKEN_MASK_FIELD])
+    per_row = np.count_nonzero(mask.reshape(mask.shape[0], -1), axis=1)
     return BatchCounts(
         tokens=int(per_row.sum()),
-        slots=int(np.asarray(mask).size),
+        slots=int(mask.size),
         rows=int(np.count_nonzero(per_row)),
-        component_tokens=per_component,
+        component_tokens=np.asarray(source_tokens, dtype=np.int64),
+        documents=documents,
+        split_documents=split_documents,
     )
 
 
@@ -94,16 +93,15 @@ class DataCounters:
     def __post_init__(self):
         self.component_tokens = np.zeros(max(len(self.component_names), 1), dtype=np.int64)
 
-    def add(self, counts: BatchCounts | None, wait_secs: float) -> None:
+    def add(self, counts: BatchCounts, wait_secs: float) -> None:
         self.batches += 1
         self.wait_secs += wait_secs
-        if counts is not None:
-            self.tokens += counts.tokens
-            self.slots += counts.slots
-            self.rows += counts.rows
-            self.documents += counts.documents
-            self.split_documents += counts.split_documents
-            self.component_tokens = self.component_tokens + counts.component_tokens
+        self.tokens += counts.tokens
+        self.slots += counts.slots
+        self.rows += counts.rows
+        self.documents += counts.documents
+        self.split_documents += counts.split_documents
+        self.component_tokens = self.component_tokens + counts.component_tokens
 
     def _names(self) -> Sequence[str]:
         return tuple(self.component_names) or ("all",)

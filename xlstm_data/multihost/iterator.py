@@ -1,35 +1,27 @@
-"""The iterator a training loop pulls: global, sharded, prefetched, resumable.
+"""The iterator a training loop pulls: the plan's global batches, sharded and prefetched.
 
-Each process iterates its data-loading host's pipeline, turns each host batch
-into global `jax.Array`s on the mesh in a background thread (so device
-transfers overlap the training step), and hands them out in order. Its state
-is a plain JSON-able dict that records the step and the local pipeline's
-position after the last batch handed out, not after the prefetched ones.
+Every entry point (`iterators_from_config`, the reference factories) builds
+this one class. Each process computes its data-loading host's rows of every
+step from the plan (`reading.PlannedBatchDataset`), in this process or in
+grain worker processes, turns them into global `jax.Array`s on the mesh in a
+background thread (so device transfers overlap the training step) and hands
+them out in order. Its position (`plan_state`) is a step and one cursor of
+the plan, the same on every process, so it resumes on any layout.
 
-At the end of a finite stream all hosts must stop at the same step or the
-training step's collectives hang. Hosts therefore agree on the last step with
-a tiny all-gather of "batches I know I have", done only every `prefetch` steps
-and only for finite multi-host streams; a host that runs out first contributes
-padding rows (segmentation 0) until then. With `drop_remainder` the stream
-instead stops at the first host's end, dropping the rest explicitly.
-
-An iterator owns a prefetch thread and its local pipeline (with any grain
-worker processes). `close()` releases them; so does dropping the iterator
-(a finalizer, since the thread holds it only weakly) and interpreter exit (an
-`atexit` hook, which runs before multiprocessing's own so the workers and their
-shared memory are gone before the resource tracker counts leaks).
+An iterator owns a prefetch thread and its host pipeline
+(`resources.IteratorResources`). `close()` releases them; so does dropping
+the iterator (a finalizer) and interpreter exit.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
+import hashlib
 import json
-import multiprocessing.util  # noqa: F401 - imported first, so its atexit hook runs after ours
-import sys
+import numbers
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import clu.data
@@ -41,234 +33,236 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from xlstm_data.batch import padding_value
-from xlstm_data.errors import DataConfigError
-from xlstm_data.multihost.data_stats import (
-    COMPONENT_ID_FIELD,
-    BatchCounts,
-    DataCounters,
-    count_batch,
-)
-from xlstm_data.multihost.global_arrays import common_shapes, form_global_batch, pad_to_shape
+from xlstm_data.config.rampup import BatchSizeSchedule
+from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, count_batch
+from xlstm_data.multihost.global_arrays import form_global_batch
 from xlstm_data.multihost.host_layout import data_host_layout
+from xlstm_data.multihost.plan_state import (
+    PLAN_STATE_KIND,
+    PLAN_STATE_VERSION,
+    check_state_format,
+    cursor_by_name,
+    saved_data_step,
+)
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
-
-#: Version of the state dict written by `get_state`; bump on format changes.
-STATE_FORMAT_VERSION = 1
-
-
-def is_infinite_stream(dataset: Any) -> bool:
-    """Whether a grain dataset repeats forever (every input path repeats).
-
-    Uses only public grain API: `len()` of an infinitely repeated MapDataset
-    is `sys.maxsize`, and `.parents` walks the pipeline.
-    """
-    if isinstance(dataset, grain.MapDataset) and len(dataset) >= sys.maxsize:
-        return True
-    parents = getattr(dataset, "parents", ())
-    return bool(parents) and all(is_infinite_stream(p) for p in parents)
-
-
-class IteratorClosedError(RuntimeError):
-    """`next()` (or a restart) on a `MultiHostDataLoadIterator` after `close()`."""
+from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
+from xlstm_data.multihost.worker_handover import WorkerHandover
+from xlstm_data.multihost.workers import prefetch_in_workers
+from xlstm_data.plan.global_plan import Cursor, GlobalPlan
+from xlstm_data.plan.mixture import (
+    MixtureUpdate,
+    parse_mixture_weights,
+    updates_from_pairs,
+    updates_to_pairs,
+    with_updates,
+)
+from xlstm_data.plan.skips import NO_SKIPS, StepSkips
+from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.reading.row_assembly import fields_of
+from xlstm_data.sources.identity import dataset_files, dataset_identities
+from xlstm_data.sources.lengths_cache import tokenizer_identity
 
 
-class _Owned:
-    """What an iterator must release: its prefetch thread and local pipeline.
+@dataclasses.dataclass(frozen=True)
+class EpochLength:
+    """Global steps of a finite run (the plan's count, always exact)."""
 
-    Kept apart from the iterator so a finalizer can release them after the
-    iterator itself is gone.
-    """
-
-    def __init__(self) -> None:
-        self.prefetcher: BackgroundPrefetcher[_Prefetched] | None = None
-        self.local_iterator: Any = None
-
-    def stop_prefetch(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.stop()
-            self.prefetcher = None
-
-    def close_local(self) -> None:
-        if self.local_iterator is not None and hasattr(self.local_iterator, "close"):
-            self.local_iterator.close()
-        self.local_iterator = None
-
-    def release(self) -> None:
-        self.stop_prefetch()
-        self.close_local()
-        _open.discard(self)
-
-
-#: Resources of iterators not yet closed or collected; released at exit. No
-#: lock: `release` runs in finalizers, wherever the garbage collector does, and
-#: single set operations are atomic under the GIL.
-_open: set[_Owned] = set()
-
-
-@atexit.register
-def _release_all_at_exit() -> None:
-    for resources in _open.copy():
-        try:
-            resources.release()
-        except Exception as error:  # noqa: BLE001 - exiting anyway; release the others
-            logging.warning("releasing a data iterator at exit failed: %s", error)
+    steps: int
+    exact: bool = True
 
 
 @dataclasses.dataclass
 class _Prefetched:
+    """One step as the prefetch thread hands it over."""
+
     host: dict[str, np.ndarray]
-    device: dict[str, jax.Array] | None
-    state: dict[str, Any] | None
-    counts: BatchCounts | None = None
+    device: dict[str, jax.Array]
+    position: dict[str, Any]
+    counts: BatchCounts
 
 
-class MultiHostDataLoadIterator(clu.data.DatasetIterator):
-    """Iterates global batches sharded over the mesh's data axes.
+class PlannedDataIterator(clu.data.DatasetIterator):
+    """Global batches of the plan, sharded over the mesh's data axes.
 
     Args:
-      dataloader: An iterable of host batches (dicts of numpy arrays with a
-        leading batch axis), typically a grain `IterDataset`. Its iterator's
-        `get_state`/`set_state` are used when present.
-      global_mesh: The mesh; batches are split over its `data`/`dp`/`fsdp` axes.
-      iterator_length: Stop with StopIteration after this many steps (per
-        epoch when `reset_after_epoch`), or None to run until the data ends.
-      dataset_size: Size of the dataset, reported as is for callers.
-      reset_after_epoch: At the end of an epoch, reset to the beginning so the
-        next pass starts over (for eval); otherwise stay exhausted.
-      pad_shapes: Pad every field to the largest shape over all processes
-        before forming the global array (for ragged host batches).
-      pad_value: Value used by `pad_shapes` and for the token fields of
-        padding rows; segmentation and positions are always padded with 0.
-      batch_class: Class the field dict is turned into (e.g. `LLMBatch`), or
-        None to yield dicts.
-      drop_remainder: At the end of a finite multi-host stream, stop at the
-        first host's end instead of padding the hosts that ended early.
+      plan: The global plan (the same on every process).
+      sources: Document sources in plan order.
+      mesh: The global mesh.
+      eod_token_id: Appended to every document.
+      worker_count: Worker processes computing whole steps (speed only).
+      worker_buffer_size: Steps each worker prepares ahead (the config's
+        default, 4: see `data_config`'s defaults for the measurement).
       prefetch: Global batches prepared ahead in a background thread.
-      sync_end: Whether hosts agree on the end of the stream; None decides
-        from the dataloader (finite grain pipelines on more than one host).
-      batch_schedule: The `BatchSizeSchedule` the dataloader batches with,
-        if any; enables `batch_size_at` and `examples_seen`.
-      component_names: Names of the mixture components, indexed by the
-        dataloader's `COMPONENT_ID_FIELD` (which is stripped from batches);
-        used for per-component token counts in `data_counters`.
-      batch_axis_names: Mesh axes the batch rows are split over (see
-        `mesh.data_axes`); default the `data`/`dp`/`fsdp` axes the mesh has.
-      data_config: The data config the iterator was built from (checkpoints
-        fingerprint it).
-      sources: The document sources of the train datasets, by name.
+      read_threads: Threads reading a batch's documents.
+      reset_after_epoch: Restart at step 0 after the last step (eval).
+      batch_class: Turns the field dict into a batch: a class with
+        `from_dict` (like `LLMBatch`), any other callable taking the fields
+        as keyword arguments, or None for the dict itself.
+      batch_axis_names: Mesh axes the batch rows are split over.
+      data_config: What the data was built from, fingerprinted in
+        checkpoints: the validated data config, or the factories'
+        `FactorySettings`.
+      sources_by_name: Sources by name (for `source_documents` and tools).
+      skips: Data steps never trained on (`data.skip_steps`); the plan, its
+        mixture and ramp-up stages, are indexed by data step.
     """
 
     def __init__(
         self,
-        dataloader: Iterable[Mapping[str, np.ndarray]],
-        global_mesh: Mesh,
-        iterator_length: int | None = None,
-        dataset_size: int | None = None,
-        reset_after_epoch: bool = False,
-        pad_shapes: bool = False,
-        pad_value: int | float = 0,
+        plan: GlobalPlan,
+        sources: Sequence[Any],
+        mesh: Mesh,
         *,
-        batch_class: Callable[..., Any] | None = None,
-        drop_remainder: bool = False,
+        eod_token_id: int,
+        worker_count: int = 0,
+        worker_buffer_size: int = 4,
         prefetch: int = 2,
-        sync_end: bool | None = None,
-        batch_schedule: Any = None,
-        component_names: Sequence[str] = (),
+        read_threads: int = 0,
+        reset_after_epoch: bool = False,
+        batch_class: Callable[..., Any] | None = None,
         batch_axis_names: str | Sequence[str] | None = None,
         data_config: Any = None,
-        sources: Mapping[str, Any] | None = None,
+        sources_by_name: Mapping[str, Any] | None = None,
+        skips: StepSkips = NO_SKIPS,
     ):
-        if iterator_length is not None and iterator_length < 1:
-            raise DataConfigError(f"iterator_length={iterator_length} must be >= 1 or None")
         if prefetch < 1:
             raise DataConfigError(f"prefetch={prefetch} must be >= 1")
-        self.global_mesh = global_mesh
-        self.dataloader = dataloader
-        self.iterator_length = iterator_length
-        self.dataset_size = dataset_size
-        self.reset_after_epoch = reset_after_epoch
-        self.pad_shapes = pad_shapes
-        self.pad_value = pad_value
-        self.batch_class = batch_class
-        self.drop_remainder = drop_remainder
+        self.plan = plan
+        self.skips = skips
+        self.global_mesh = mesh
+        self.layout = data_host_layout(mesh, batch_axis_names)
+        self.sharding = self.layout.sharding(mesh)
         self.prefetch = prefetch
-        self.batch_schedule = batch_schedule
-        #: Length of a finite run and whether it is exact (see `epoch_length`).
-        self.epoch_length: Any = None
-        #: The data config this iterator was built from (fingerprinted in checkpoints).
+        self.reset_after_epoch = reset_after_epoch
+        self.batch_class = batch_class
+        self.worker_count = worker_count
+        #: What the data was built from (fingerprinted in checkpoints).
         self.data_config: Any = data_config
-        self.component_names = tuple(component_names)
-        #: What was handed out so far (tokens, padding, per component, wait time);
+        #: The document sources of the datasets, by name (for `source_documents`,
+        #: and for tools like `inspect` that would otherwise open them again).
+        self.sources: Mapping[str, Any] = dict(sources_by_name or {})
+        self._plan_sources = list(sources)
+        self._eod_token_id = eod_token_id
+        self._worker_buffer_size = worker_buffer_size
+        self._read_threads = read_threads
+        #: The config's mixture stages; online updates are laid over them.
+        self._configured_mixture = plan.spec.mixture
+        self._mixture_updates: list[MixtureUpdate] = []
+        self._identities: dict[str, dict[str, Any]] | None = None
+        self._files: dict[str, dict[str, list[int]]] | None = None
+        data_steps = plan.num_steps()
+        #: Training steps of a finite run (per pass with `reset_after_epoch`), or None.
+        self.iterator_length = None if data_steps is None else skips.train_steps_before(data_steps)
+        self.epoch_length = (
+            None if self.iterator_length is None else EpochLength(self.iterator_length)
+        )
+        self.dataset_size = sum(len(x) for x in plan.lengths)
+        spec = plan.spec
+        #: Global and per-host batch size by data step, checked against this mesh.
+        self.batch_schedule = BatchSizeSchedule(
+            spec.batch.global_batch_size,
+            spec.batch.rampup,
+            data_parallel_size=self.layout.data_parallel_size,
+            host_count=self.layout.host_count,
+        )
+        self.component_names = tuple(spec.names)
+        #: What was handed out so far (tokens, padding, per dataset, wait time);
         #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
-        #: The document sources the train datasets were built on, by name (for
-        #: `source_documents`, and for tools like `inspect` that would otherwise
-        #: open them a second time).
-        self.sources: Mapping[str, Any] = dict(sources or {})
-        self.layout = data_host_layout(global_mesh, batch_axis_names)
-        self.sharding = self.layout.sharding(global_mesh)
-        if sync_end is None:
-            sync_end = self.layout.host_count > 1 and not is_infinite_stream(dataloader)
-        self.sync_end = sync_end
-        self._padding_template: dict[str, np.ndarray] | None = None
-        self._element_spec: Any = None
-        self._owned = _Owned()
-        _open.add(self._owned)
-        self._finalizer = weakref.finalize(self, self._owned.release)
+        self._resources = IteratorResources()
+        self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
+        self._element_spec: Any = None
         self.state_set = False
         self._restart(None)
 
-    @property
-    def source_documents(self) -> dict[str, int] | None:
-        """Documents found per train dataset (fingerprinted in checkpoints)."""
-        return {name: len(source) for name, source in self.sources.items()} or None
+    # Host pipeline -------------------------------------------------------------
 
-    # Lifecycle ---------------------------------------------------------------
+    def host_batches(self, step: int = 0, cursor: Cursor | None = None) -> PlannedBatchDataset:
+        """This data host's steps from `step` (elements as `PlannedBatchDataset` gives them)."""
+        return PlannedBatchDataset(
+            self.plan,
+            self._plan_sources,
+            self.layout.host_index,
+            self.layout.host_count,
+            self._eod_token_id,
+            start_step=step,
+            cursor=cursor,
+            num_steps=self.iterator_length,
+            read_threads=self._read_threads,
+            skips=self.skips,
+        )
 
-    @property
-    def _prefetcher(self) -> BackgroundPrefetcher[_Prefetched] | None:
-        return self._owned.prefetcher
+    def _pipeline(self, step: int, cursor: Cursor | None) -> WorkerHandover:
+        """This host's batches from training step `step` (a cursor at or before it).
 
-    @property
-    def _local_iterator(self) -> Any:
-        return self._owned.local_iterator
+        With workers, the first `2 * worker_count * worker_buffer_size` steps
+        are computed here while the workers start, and the workers begin after
+        them (`WorkerHandover`). Twice what the workers keep ready: with half
+        as many, the loop still waited 0.27 s per restart (2 workers, 0.1 s
+        steps, bench/plan_mixture), with this many 0.02 s.
+        """
+        read = grain.ReadOptions(num_threads=0)
+        batches = self.host_batches(step, cursor)
+        handover = min(2 * self.worker_count * self._worker_buffer_size, len(batches))
+        if self.worker_count == 0 or handover == len(batches):
+            return WorkerHandover(iter(batches.to_iter_dataset(read)))
+        options = grain.MultiprocessingOptions(
+            num_workers=self.worker_count, per_worker_buffer_size=self._worker_buffer_size
+        )
+        # Each worker walks the plan from the cursor to its own steps.
+        later = self.host_batches(step + handover, cursor).to_iter_dataset(read)
+        return WorkerHandover(
+            iter(batches[:handover].to_iter_dataset(read)), prefetch_in_workers(later, options)
+        )
+
+    def _restart(self, state: Mapping[str, Any] | None) -> None:
+        """Continues at `state` ({step, data_step, cursor}) or at the start."""
+        self._check_open()
+        step = 0 if state is None else int(state["step"])
+        cursor = None if state is None else Cursor.from_list(state["cursor"])
+        self._resources.replace_pipeline(self._pipeline(step, cursor))
+        self.step_counter = step
+        self._moved = False  # whether a batch was handed out since this (re)start
+        self._last_position: dict[str, Any] | None = None
+        if state is not None:
+            self._last_position = {
+                "data_step": saved_data_step(state),
+                "cursor": cursor.to_list(),
+            }
+
+    def _position(self) -> dict[str, Any]:
+        """Where the next batch comes from: training step, data step and cursor."""
+        last = self._last_position
+        if last is None:  # nothing handed out since step 0
+            last = {"data_step": 0, "cursor": self.plan.start_cursor().to_list()}
+        return {"step": self.step_counter, **last}
+
+    def _produce(self) -> _Prefetched:
+        """The next step, as global arrays (runs in the prefetch thread)."""
+        pipeline = self._resources.pipeline
+        assert pipeline is not None
+        element = next(pipeline)
+        block = element["fields"]
+        if self.worker_count:  # out of the worker's shared memory, which grain then unlinks
+            block = np.array(block)
+        host = fields_of(block)
+        documents, split = (int(v) for v in element["piece_counts"])
+        counts = count_batch(host, element["source_tokens"], documents, split)
+        device = form_global_batch(host, self.sharding, self.layout.host_count)
+        cursor = [int(v) for v in element["cursor"]]
+        position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
+        return _Prefetched(host, device, position, counts)
+
+    # Lifecycle -----------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
             raise IteratorClosedError(
-                "this MultiHostDataLoadIterator was closed (close() stopped its prefetch thread "
-                "and workers); build a new iterator to read more data"
+                "this data iterator was closed (close() stopped its prefetch thread and "
+                "workers); build a new iterator to read more data"
             )
-
-    def _restart(self, state: Mapping[str, Any] | None) -> None:
-        """(Re)creates the local iterator at `state`; prefetching starts on demand."""
-        self._check_open()
-        self._stop_prefetch()
-        reusable = (
-            state is not None
-            and state.get("iterator") is not None
-            and _is_stateful(self._local_iterator)
-        )
-        if not reusable:
-            self._close_local()
-            self._owned.local_iterator = iter(self.dataloader)
-        self._stateful = _is_stateful(self._local_iterator)
-        self._start_at(0)
-        if state is not None:
-            self._seek(state)
-            self._known_until = self.step_counter
-        self._state_of_last = self._local_state()
-
-    def _start_at(self, step: int) -> None:
-        """Resets the position bookkeeping to a fresh local iterator at `step`."""
-        self.step_counter = step
-        self._local_batches = step
-        self._moved = False  # whether a batch was handed out since this (re)start
-        self._local_ended = False
-        self._known_until = step
-        self._total_steps: int | None = None
 
     def start_prefetch(self) -> None:
         """Starts preparing the next batches in the background, if not yet started.
@@ -278,35 +272,16 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         started at construction, so a restore right after it wastes no work.
         """
         self._check_open()
-        if self._prefetcher is None:
-            self._owned.prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
+        if self._resources.prefetcher is None:
+            self._resources.prefetcher = BackgroundPrefetcher(self._produce, self.prefetch)
 
-    def _started_prefetcher(self) -> BackgroundPrefetcher[_Prefetched]:
+    def _prefetcher(self) -> BackgroundPrefetcher[_Prefetched]:
         self.start_prefetch()
-        assert self._prefetcher is not None
-        return self._prefetcher
-
-    def _seek(self, state: Mapping[str, Any]) -> None:
-        if self._stateful and state.get("iterator") is not None:
-            self._local_iterator.set_state(state["iterator"])
-        else:
-            skip = int(state["local_batches"])
-            logging.warning(
-                "dataloader has no get_state/set_state; replaying %d batches to resume", skip
-            )
-            for _ in range(skip):
-                next(self._local_iterator)
-        self.step_counter = int(state["step"])
-        self._local_batches = int(state["local_batches"])
-
-    def _stop_prefetch(self) -> None:
-        self._owned.stop_prefetch()
-
-    def _close_local(self) -> None:
-        self._owned.close_local()
+        assert self._resources.prefetcher is not None
+        return self._resources.prefetcher
 
     def close(self) -> None:
-        """Stops the prefetch thread and closes the local pipeline (and its workers).
+        """Stops the prefetch thread and the host pipeline (and its workers).
 
         The iterator is done afterwards: `next()`, `reset()` and `set_state()`
         raise `IteratorClosedError`; `get_state()` still reports the position.
@@ -316,30 +291,12 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         self._finalizer()
 
     def reset(self) -> None:
-        """Restarts from the beginning of the data."""
+        """Restarts at step 0 (online mixture updates stay in force)."""
         self._restart(None)
 
-    # Producing ---------------------------------------------------------------
+    # Consuming -----------------------------------------------------------------
 
-    def _local_state(self) -> dict[str, Any] | None:
-        return self._local_iterator.get_state() if self._stateful else None
-
-    def _device_put_in_background(self) -> bool:
-        return not (self.pad_shapes and self.layout.process_count > 1)
-
-    def _produce(self) -> _Prefetched:
-        host = {k: np.asarray(v) for k, v in _as_dict(next(self._local_iterator)).items()}
-        component_ids = host.pop(COMPONENT_ID_FIELD, None)
-        state = self._local_state()
-        device = None
-        if self._device_put_in_background():
-            device = form_global_batch(host, self.sharding, self.layout.host_count)
-        counts = count_batch(host, component_ids, len(self.component_names))
-        return _Prefetched(host, device, state, counts)
-
-    # Consuming ---------------------------------------------------------------
-
-    def __iter__(self) -> MultiHostDataLoadIterator:
+    def __iter__(self) -> PlannedDataIterator:
         """Returns the iterator itself; with `reset_after_epoch`, at the start of a pass.
 
         An eval iterator (`reset_after_epoch=True`) that handed out batches
@@ -354,113 +311,30 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
     def __next__(self) -> Any:
         self._check_open()
         started = time.perf_counter()
-        batch = self._next_batch()
-        self._moved = True
-        self.data_counters.add(self._last_counts, time.perf_counter() - started)
-        return batch
-
-    def _next_batch(self) -> Any:
         if self.iterator_length is not None and self.step_counter >= self.iterator_length:
             self._end_of_epoch()
-        if self.sync_end and self._total_steps is None and self.step_counter >= self._known_until:
-            self._agree_on_end()
-        if self._total_steps is not None and self.step_counter >= self._total_steps:
+        try:
+            item = self._prefetcher().get()
+        except StopIteration:
             self._end_of_epoch()
-        item = self._next_local()
-        if item is None:
-            if not self.sync_end:
-                self._end_of_epoch()
-            item = self._padding_item()
-        else:
-            self._local_batches += 1
-            self._state_of_last = item.state
-            if self._padding_template is None:
-                self._padding_template = {k: np.zeros_like(v) for k, v in item.host.items()}
-        arrays = item.device if item.device is not None else self._to_global(item.host)
-        self._last_counts = item.counts
+        self._moved = True
+        self._last_position = item.position
         self.step_counter += 1
         if self._element_spec is None:
-            self._element_spec = self._spec_of(arrays)
-        return self._wrap(arrays)
+            self._element_spec = _spec_of(item.device)
+        self.data_counters.add(item.counts, time.perf_counter() - started)
+        return self._wrap(item.device)
 
-    def _next_local(self) -> _Prefetched | None:
-        if self._local_ended:
-            return None
-        try:
-            return self._started_prefetcher().get()
-        except StopIteration:
-            self._local_ended = True
-            return None
+    def get_next(self) -> Any:
+        """The next batch (CLU's `DatasetIterator` surface)."""
+        return next(self)
 
-    def _end_of_epoch(self):
+    def _end_of_epoch(self) -> None:
         if self.reset_after_epoch:
             self.reset()
         raise StopIteration
 
-    def _agree_on_end(self) -> None:
-        """All-gathers how many batches each host knows it has (a collective)."""
-        if self._local_ended:
-            known, ended = self._local_batches, True
-        else:
-            buffered, ended = self._started_prefetcher().wait_filled()
-            known = self._local_batches + buffered
-        table = np.asarray(
-            multihost_utils.process_allgather(np.array([known, int(ended)], dtype=np.int64))
-        ).reshape(-1, 2)
-        counts, ends = table[:, 0], table[:, 1].astype(bool)
-        if self.drop_remainder:
-            self._known_until = int(counts.min())
-            if np.any(ends & (counts == counts.min())):
-                self._total_steps = self._known_until
-        else:
-            self._known_until = int(counts.max())
-            if np.all(ends):
-                self._total_steps = self._known_until
-        logging.log_every_n(
-            logging.INFO,
-            "end-of-data agreement at step %d: counts=%s ended=%s",
-            100,
-            self.step_counter,
-            counts.tolist(),
-            ends.tolist(),
-        )
-
-    def _padding_item(self) -> _Prefetched:
-        if self._padding_template is None:
-            raise DataConfigError(
-                f"data-loading host {self.layout.host_index} of {self.layout.host_count} produced "
-                "no batch at all; its dataset shard is empty or smaller than one host batch with "
-                "drop_remainder=True"
-            )
-        rows = None
-        if self.batch_schedule is not None:
-            rows = self._host_batch_size_at(self.step_counter)
-        host = {
-            k: np.full(
-                ((rows or v.shape[0]),) + v.shape[1:],
-                padding_value(k, self.pad_value),
-                dtype=v.dtype,
-            )
-            for k, v in self._padding_template.items()
-        }
-        counts = count_batch(host, None, len(self.component_names))
-        return _Prefetched(host, None, self._state_of_last, counts)
-
-    def _to_global(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        if self.pad_shapes and self.layout.process_count > 1:
-            shapes = common_shapes(host)
-            host = {
-                k: pad_to_shape(v, shapes[k], padding_value(k, self.pad_value))
-                for k, v in host.items()
-            }
-        return form_global_batch(host, self.sharding, self.layout.host_count)
-
     def _wrap(self, arrays: dict[str, Any]) -> Any:
-        """Builds a `batch_class` from all fields, extra ones (e.g. loss weights) included.
-
-        A class with `from_dict` (like `LLMBatch`) decides itself which fields
-        it keeps; any other class gets every field as a keyword argument.
-        """
         if self.batch_class is None:
             return arrays
         from_dict = getattr(self.batch_class, "from_dict", None)
@@ -468,94 +342,243 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
             return from_dict(dict(arrays))
         return self.batch_class(**arrays)
 
-    @staticmethod
-    def _spec_of(arrays: Mapping[str, jax.Array]) -> dict[str, clu.data.ArraySpec]:
-        return {
-            k: clu.data.ArraySpec(dtype=v.dtype, shape=tuple(v.shape)) for k, v in arrays.items()
-        }
-
     @property
     def element_spec(self) -> Any:
         """Global shape and dtype of each field (peeks at the first batch)."""
         if self._element_spec is None:
             self._check_open()
-            first = self._started_prefetcher().peek()
+            first = self._prefetcher().peek()
             if first is None:
-                raise ValueError("the dataloader produced no batch, so it has no element_spec")
-            host = first.host
-            self._element_spec = {
-                k: clu.data.ArraySpec(
-                    dtype=v.dtype, shape=(v.shape[0] * self.layout.host_count,) + v.shape[1:]
-                )
-                for k, v in host.items()
-            }
+                raise ValueError("the plan has no batch, so the iterator has no element_spec")
+            self._element_spec = _spec_of(first.device)
         return self._wrap(self._element_spec)
 
-    # Schedule ----------------------------------------------------------------
+    # The datasets ----------------------------------------------------------------
 
-    def _require_schedule(self) -> Any:
-        if self.batch_schedule is None:
-            raise ValueError(
-                "this iterator was built without a batch_schedule; build it with "
-                "make_grain_multihost_iterator or pass batch_schedule="
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """The datasets in plan order: a batch's `source_ids` index this tuple."""
+        return tuple(self.plan.spec.names)
+
+    @property
+    def source_documents(self) -> dict[str, int] | None:
+        """Documents found per dataset (fingerprinted in checkpoints)."""
+        return {name: len(source) for name, source in self.sources.items()} or None
+
+    @property
+    def source_identities(self) -> dict[str, dict[str, Any]]:
+        """Per dataset, its files' digest, lengths checksum and tokenizer (checkpointed)."""
+        if self._identities is None:
+            plan = self.plan
+            self._identities = dataset_identities(self.sources, plan.spec.names, plan.lengths)
+        return self._identities
+
+    @property
+    def source_files(self) -> dict[str, dict[str, list[int]]]:
+        """Per dataset with files, `{path: [bytes, mtime_ns]}` (process 0 records it)."""
+        if self._files is None:
+            self._files = dataset_files(self.sources)
+        return self._files
+
+    @property
+    def eod_token_id(self) -> int:
+        """The end-of-document id appended to every document."""
+        return self._eod_token_id
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The largest vocabulary among the datasets' sources (None if none declares one)."""
+        sizes = [getattr(s, "vocab_size", None) for s in self._plan_sources]
+        known = [int(v) for v in sizes if v is not None]
+        return max(known) if known else None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer every dataset's ids come from, or None when they differ or have none.
+
+        Two sources share a tokenizer when they encode alike (`tokenizer_identity`:
+        the byte tokenizer, or the same HuggingFace file).
+        """
+        tokenizers = [getattr(s, "tokenizer", None) for s in self._plan_sources]
+        if not tokenizers or any(t is None for t in tokenizers):
+            return None
+        identities = [tokenizer_identity(t) for t in tokenizers]
+        if identities[0] is None or any(i != identities[0] for i in identities):
+            return None
+        return tokenizers[0]
+
+    # Online mixing -------------------------------------------------------------
+
+    def set_mixture(self, weights: Mapping[str, float], from_step: int) -> None:
+        """Mixes the datasets with `weights` from data step `from_step` on.
+
+        Every process must call it with the same arguments, between the same
+        two batches. It changes no batch before `from_step`; batches already
+        prepared for later steps (in the prefetch thread or in workers) are
+        prepared again. The update is saved with the data position, so a
+        resumed run, on any number of processes, replays it; it holds until
+        the next update or the next configured `data.mixture_schedule` stage,
+        whichever starts first.
+
+        Args:
+          weights: `{dataset name: weight}` (normalised; a dataset left out is off).
+          from_step: The first data step mixed this way; at least the data
+            step of the next batch (`data_step_at(step_counter)`).
+        """
+        self._check_open()
+        self._check_same_everywhere("set_mixture", (weights, from_step))
+        names = self.plan.spec.names
+        row = parse_mixture_weights(weights, names, "set_mixture(weights)")
+        if isinstance(from_step, bool) or not isinstance(from_step, numbers.Integral):
+            raise DataConfigError(
+                f"set_mixture(from_step={from_step!r}) is invalid; expected an int data step"
             )
-        return self.batch_schedule
+        next_step = self.data_step_at(self.step_counter)
+        if from_step < next_step:
+            raise DataConfigError(
+                f"set_mixture(from_step={from_step}) is in the past: the next batch is data step "
+                f"{next_step}; pass from_step >= {next_step}"
+            )
+        kept = [u for u in self._mixture_updates if u[0] < from_step]
+        self._apply_mixture_updates([*kept, (int(from_step), row)])
+        prefetching = self._resources.prefetcher is not None
+        self._restart(self._position())  # what was prepared ahead is planned again
+        if prefetching:  # overlap the new batches with the step in flight
+            self.start_prefetch()
+        logging.info("mixture from data step %d: %s", from_step, dict(zip(names, row, strict=True)))
 
-    def _host_batch_size_at(self, step: int) -> int:
-        return self._require_schedule().host_batch_size_at(step)
+    def mixture_weights_at(self, data_step: int, *, configured: bool = False) -> dict[str, float]:
+        """`{dataset: normalised weight}` in force at `data_step`.
+
+        With `configured`, the config's weights there, online updates left out.
+        """
+        mixture = self._configured_mixture if configured else self.plan.spec.mixture
+        weights = mixture.weights[mixture.stage_at(data_step)]
+        return dict(zip(mixture.names, weights, strict=True))
+
+    def _apply_mixture_updates(self, updates: list[MixtureUpdate]) -> None:
+        self._mixture_updates = updates
+        self.plan = self.plan.with_mixture(with_updates(self._configured_mixture, updates))
+
+    def _check_same_everywhere(self, what: str, value: Any) -> None:
+        """Refuses a call whose arguments differ between processes (a collective)."""
+        if self.layout.process_count == 1:
+            return
+        digest = hashlib.sha256(_canonical(value).encode()).digest()
+        mine = np.frombuffer(digest, dtype=np.int32)
+        table = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+        differ = np.flatnonzero(np.any(table != mine, axis=1))
+        if differ.size:
+            raise DataConfigError(
+                f"{what} was called with other arguments on process {int(differ[0])} than on "
+                f"process {self.layout.process_index} ({_canonical(value)} here); every process "
+                "must pass the same weights and from_step"
+            )
+
+    # Steps -------------------------------------------------------------------
+
+    def data_step_at(self, step: int) -> int:
+        """The data step (of the plan) behind the batch handed out at training step `step`."""
+        return self.skips.data_step(step)
+
+    def mixture_stage_at(self, step: int) -> tuple[int, dict[str, float]]:
+        """`(stage index, {dataset: planned token share})` of the batch at training step `step`."""
+        stage = self.plan.spec.mixture.stage_at(self.data_step_at(step))
+        shares = self.plan.token_shares(stage)
+        return stage, dict(zip(self.plan.spec.names, shares.tolist(), strict=True))
 
     def batch_size_at(self, step: int) -> int:
-        """Global batch size of the batch handed out at `step`."""
-        return self._require_schedule().global_batch_size_at(step)
+        """Global batch size of the batch handed out at training step `step`."""
+        return self.plan.spec.batch.global_batch_size_at(self.data_step_at(step))
+
+    def host_batch_size_at(self, step: int) -> int:
+        """This data host's rows of the batch handed out at training step `step`."""
+        return self.batch_size_at(step) // self.layout.host_count
 
     def last_batch_size(self) -> int:
         """Global batch size of the batch handed out last (the first, before any)."""
         return self.batch_size_at(max(self.step_counter - 1, 0))
 
     def examples_seen(self, step: int | None = None) -> int:
-        """Global examples (rows) handed out before `step` (default: now)."""
+        """Global rows handed out before training step `step` (skipped steps' rows not counted)."""
         step = self.step_counter if step is None else step
-        return self._require_schedule().examples_seen(step)
+        batch = self.plan.spec.batch
+        data_step = self.data_step_at(step)
+        seen = batch.examples_seen(data_step)
+        for first, end in self.skips.ranges:
+            if end <= data_step:
+                seen -= batch.examples_seen(end) - batch.examples_seen(first)
+        return seen
 
     # State -------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """The position after the last batch handed out, as a JSON-able dict."""
+        """The position after the last batch handed out (JSON-able, host-count free)."""
+        position = self._position()
         return {
-            "format_version": STATE_FORMAT_VERSION,
+            "format_version": PLAN_STATE_VERSION,
+            "kind": PLAN_STATE_KIND,
             "step": self.step_counter,
-            "local_batches": self._local_batches,
-            "data_host_index": self.layout.host_index,
-            "data_host_count": self.layout.host_count,
+            # The cursors' position: the data step after the last one handed out.
+            "data_step": position["data_step"],
+            "skip_steps": self.skips.to_pairs(),
+            "sources": list(self.plan.spec.names),
+            "cursor": list(position["cursor"]),
+            "batch_schedule": self.plan.spec.batch.rampup.to_pairs(),
+            "mixture_schedule": self.plan.spec.mixture.to_pairs(),
+            "mixture_updates": updates_to_pairs(self.plan.spec.names, self._mixture_updates),
+            "global_batch_size": self.plan.spec.batch.global_batch_size,
             "process_index": self.layout.process_index,
             "process_count": self.layout.process_count,
-            "iterator": self._state_of_last,
+            "data_host_index": self.layout.host_index,
+            "data_host_count": self.layout.host_count,
             "data_counters": self.data_counters.to_state(),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Continues from a state returned by `get_state` (same process layout)."""
-        version = state.get("format_version")
-        if version != STATE_FORMAT_VERSION:
-            raise DataConfigError(
-                f"iterator state format_version={version!r} is not supported; this version of "
-                f"xlstm-data reads format_version={STATE_FORMAT_VERSION}"
+        """Continues at a saved position, on any process, host or worker count.
+
+        `state` is one process's `get_state()`, or several merged with
+        `plan_state.merge_plan_states` (every process saves the same cursor).
+        """
+        check_state_format(state)
+        step = int(state["step"])
+        saved_skips = StepSkips(tuple(tuple(r) for r in state.get("skip_steps", ())))
+        self.skips.check_resume(saved_skips, saved_data_step(state))
+        self._check_schedule(state)
+        remapped = cursor_by_name(state, self.plan.spec.names)
+        if remapped[0] != saved_data_step(state):
+            raise DataCheckpointError(
+                f"the saved data cursor is at data step {remapped[0]} but the state's data step "
+                f"is {saved_data_step(state)}; the data-state file is corrupted"
             )
-        for key, mine in (
-            ("process_count", self.layout.process_count),
-            ("data_host_count", self.layout.host_count),
-            ("data_host_index", self.layout.host_index),
-        ):
-            if int(state[key]) != mine:
-                raise DataConfigError(
-                    f"iterator state was saved with {key}={state[key]} but this run has "
-                    f"{key}={mine}; the data position cannot be carried over to another "
-                    "process layout (it would silently restart or skip data)"
-                )
-        self._restart(state)
-        if state.get("data_counters") is not None:
-            self.data_counters.set_state(state["data_counters"])
+        updates = updates_from_pairs(
+            state.get("mixture_updates"), self.plan.spec.names, "the saved mixture_updates"
+        )
+        self._apply_mixture_updates(updates)
+        self._restart({"step": step, "data_step": saved_data_step(state), "cursor": remapped})
+        counters = state.get("data_counters")
+        if counters is not None:
+            self.data_counters.set_state(counters)
         self.state_set = True
+
+    def _check_schedule(self, state: Mapping[str, Any]) -> None:
+        step = saved_data_step(state)  # ramp-up stages are data steps
+        saved = BatchSizeSchedule(int(state["global_batch_size"]), state["batch_schedule"])
+        mine = self.plan.spec.batch
+        changed = [
+            s
+            for s in {0, step - 1, *(t.start_step for t in saved.stages())}
+            if 0 <= s < step and saved.global_batch_size_at(s) != mine.global_batch_size_at(s)
+        ]
+        if changed or saved.examples_seen(step) != mine.examples_seen(step):
+            first = min(changed) if changed else step
+            raise DataConfigError(
+                f"data.rampup/data.global_batch_size changed the global batch size at already "
+                f"trained step {first} (saved {saved.global_batch_size_at(first)} rows, now "
+                f"{mine.global_batch_size_at(first)}); only stages after the checkpoint's step "
+                f"{step} may change"
+            )
 
     def save(self, filename: epath.PathLike) -> None:
         """Writes this process's state as JSON to `filename` (CLU surface)."""
@@ -567,22 +590,21 @@ class MultiHostDataLoadIterator(clu.data.DatasetIterator):
         try:
             state = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as error:
-            raise DataConfigError(f"cannot read iterator state file {path}: {error}") from error
+            raise DataCheckpointError(f"cannot read iterator state file {path}: {error}") from error
         self.set_state(state)
 
 
-def _is_stateful(iterator: Any) -> bool:
-    return hasattr(iterator, "get_state") and hasattr(iterator, "set_state")
+#: The reference implementation's name for the iterator type.
+MultiHostDataLoadIterator = PlannedDataIterator
 
 
-def _as_dict(batch: Any) -> Mapping[str, Any]:
-    if isinstance(batch, Mapping):
-        return batch
-    to_dict = getattr(batch, "to_dict", None)
-    if callable(to_dict):  # e.g. LLMBatch: its extra fields too
-        return to_dict()
-    if dataclasses.is_dataclass(batch):
-        return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    raise DataConfigError(
-        f"dataloader yielded a {type(batch).__name__}; expected a dict of numpy arrays"
-    )
+def _spec_of(arrays: Mapping[str, jax.Array]) -> dict[str, clu.data.ArraySpec]:
+    return {k: clu.data.ArraySpec(dtype=v.dtype, shape=tuple(v.shape)) for k, v in arrays.items()}
+
+
+def _canonical(value: Any) -> str:
+    """A text form of set_mixture's arguments that is equal when they are."""
+    weights, step = value
+    if isinstance(weights, Mapping):
+        weights = sorted((str(k), repr(v)) for k, v in weights.items())
+    return repr((weights, step))

@@ -30,20 +30,26 @@ from xlstm_data.multihost.prefetch import block_job_signals
 class WorkerHandover:
     """Steps from `in_process` first, then from the workers' iterator.
 
+    Every host pipeline is one, with or without workers, so the iterator
+    closes them all alike.
+
     Args:
-      in_process: Iterator of the first steps, computed in this process.
-      workers: The workers' pipeline, starting at the step after them; its
-        iterator is made and its first element requested at once, in a
-        helper thread that blocks the job's signals (`block_job_signals`),
-        which starts the worker processes.
+      in_process: Iterator of the first steps (all of them without workers),
+        computed in this process.
+      workers: The workers' pipeline, starting at the step after them, or
+        None. Its iterator is made and its first element requested at once,
+        in a helper thread that blocks the job's signals
+        (`block_job_signals`), which starts the worker processes.
     """
 
-    def __init__(self, in_process: Iterator[Any], workers: Iterable[Any]):
+    def __init__(self, in_process: Iterator[Any], workers: Iterable[Any] | None = None):
         self._in_process: Iterator[Any] | None = in_process
         self._workers: Iterator[Any] | None = None
-        starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
-        self._first: futures.Future | None = starter.submit(self._start, workers)
-        starter.shutdown(wait=False)
+        self._first: futures.Future | None = None
+        if workers is not None:
+            starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
+            self._first = starter.submit(self._start, workers)
+            starter.shutdown(wait=False)
 
     def _start(self, workers: Iterable[Any]) -> Any:
         block_job_signals()
@@ -62,7 +68,8 @@ class WorkerHandover:
         if self._first is not None:
             first, self._first = self._first, None
             return first.result()  # raises what the workers raised, StopIteration included
-        assert self._workers is not None
+        if self._workers is None:  # in process only, and it ended
+            raise StopIteration
         return next(self._workers)
 
     def close(self) -> None:
@@ -75,6 +82,8 @@ class WorkerHandover:
         """Stops the workers in a background thread (a restart need not wait for it)."""
         self._close_in_process()
         first, self._first = self._first, None
+        if first is None and self._workers is None:
+            return
         threading.Thread(
             target=self._close_workers, args=(first,), name="xlstm-data-close-workers"
         ).start()

@@ -57,7 +57,8 @@ class MixtureSchedule:
         ]
 
 
-def _weight(key: str, value: Any) -> float:
+def check_weight(key: str, value: Any) -> float:
+    """A mixture weight as a float: a finite number >= 0 (`key` names it in errors)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise DataConfigError(f"{key}={value!r} is invalid; expected a number >= 0")
     value = float(value)
@@ -69,7 +70,9 @@ def _weight(key: str, value: Any) -> float:
 def _normalised(key: str, weights: Sequence[float]) -> tuple[float, ...]:
     total = sum(weights)
     if total <= 0:
-        raise DataConfigError(f"{key} gives every component weight 0; at least one must be > 0")
+        raise DataConfigError(
+            f"{key}: all weights are zero; at least one dataset needs a weight > 0"
+        )
     return tuple(w / total for w in weights)
 
 
@@ -121,7 +124,7 @@ def parse_mixture_schedule(
             raise DataConfigError(
                 f"{where} names unknown components {unknown}; data.train declares {sorted(names)}"
             )
-        row = [_weight(f"{where}[{name!r}]", weights.get(name, 0.0)) for name in names]
+        row = [check_weight(f"{where}[{name!r}]", weights.get(name, 0.0)) for name in names]
         starts.append(step)
         stages.append(_normalised(f"{where} (step {step})", row))
     return MixtureSchedule(names, tuple(starts), tuple(stages))
@@ -184,7 +187,7 @@ def parse_mixture_weights(value: Any, names: Sequence[str], key: str) -> tuple[f
         raise DataConfigError(
             f"{key} names unknown datasets {unknown}; data.train declares {sorted(names)}"
         )
-    row = [_weight(f"{key}[{name!r}]", value.get(name, 0.0)) for name in names]
+    row = [check_weight(f"{key}[{name!r}]", value.get(name, 0.0)) for name in names]
     return _normalised(key, row)
 
 
