@@ -262,25 +262,29 @@ class FlatTokenSource(TokenSource):
         if low < 0:
             index = np.where(index < 0, index + n, index)
         if len(self._files) == 1:
-            return self._read_shard(0, index, index)
-        shard_of = np.searchsorted(self._ends, index, side="right")
-        first = int(shard_of[0])
-        if (shard_of == first).all():
-            return self._read_shard(first, index - self._starts[first], index)
-        out: list[Any] = [None] * len(index)
-        for shard in np.unique(shard_of).tolist():
-            chosen = np.flatnonzero(shard_of == shard)
-            local = index[chosen] - self._starts[shard]
-            for j, tokens in zip(
-                chosen.tolist(), self._read_shard(shard, local, index[chosen]), strict=True
-            ):
-                out[j] = tokens
-        return out
+            views = self._read_shard(0, index, index)
+        else:
+            shard_of = np.searchsorted(self._ends, index, side="right")
+            first = int(shard_of[0])
+            if (shard_of == first).all():
+                views = self._read_shard(first, index - self._starts[first], index)
+            else:
+                views = [None] * len(index)
+                for shard in np.unique(shard_of).tolist():
+                    chosen = np.flatnonzero(shard_of == shard)
+                    read = self._read_shard(
+                        shard, index[chosen] - self._starts[shard], index[chosen]
+                    )
+                    for j, tokens in zip(chosen.tolist(), read, strict=True):
+                        views[j] = tokens
+        if self._check_ids:
+            self._check_vocabulary(views, index)
+        return views
 
     def _read_shard(
         self, shard: int, local: np.ndarray, global_index: np.ndarray
     ) -> list[np.ndarray]:
-        """Documents `local` of one shard, checked; slices of its memory map."""
+        """Documents `local` of one shard: slices of its memory map (offsets checked)."""
         tokens, offsets = self._map(shard)
         begin = offsets[local]
         end = offsets[local + 1]
@@ -292,27 +296,24 @@ class FlatTokenSource(TokenSource):
                 f"{int(begin[bad])}..{int(end[bad])}, outside its shard's {len(tokens)} tokens "
                 f"or decreasing; the file is damaged: {_REWRITE}."
             )
-        views = [tokens[a:b] for a, b in zip(begin.tolist(), end.tolist(), strict=True)]
-        if self._check_ids:
-            self._check_vocabulary(shard, views, local, global_index)
-        return views
+        return [tokens[a:b] for a, b in zip(begin.tolist(), end.tolist(), strict=True)]
 
-    def _check_vocabulary(
-        self,
-        shard: int,
-        views: list[np.ndarray],
-        local: np.ndarray,
-        global_index: np.ndarray,
-    ) -> None:
-        """Every id read must be below `vocab_size` (one max over all of them)."""
+    def _check_vocabulary(self, views: list[np.ndarray], index: np.ndarray) -> None:
+        """Every id read must be below `vocab_size`: one max over all of them.
+
+        Only when that fails are the documents checked one by one, so the
+        error names the file and the document.
+        """
         joined = views[0] if len(views) == 1 else np.concatenate(views)
         if not joined.size or int(joined.max()) < self.vocab_size:
             return
-        for view, d, g in zip(views, local.tolist(), global_index.tolist(), strict=True):
+        for view, g in zip(views, index.tolist(), strict=True):
+            shard = int(np.searchsorted(self._ends, g, side="right"))
+            local = g - int(self._starts[shard])
             _checked_int32(
                 view,
                 self.vocab_size,
-                f"FlatTokenSource: document {d} of {self._files[shard]!r} (global index {g})",
+                f"FlatTokenSource: document {local} of {self._files[shard]!r} (global index {g})",
             )
 
     def __repr__(self) -> str:
