@@ -262,3 +262,29 @@ def test_a_rerun_in_the_other_layout_replaces_the_shards(tmp_path):
     source = open_shards(str(out))
     for i, document in enumerate(documents):
         np.testing.assert_array_equal(source[i]["tokens"], document)
+
+
+def test_workers_read_flat_shards_as_the_main_process_does(corpora):
+    """The source pickles to grain workers (as paths) and maps its shards there."""
+    from xlstm_data import create_mesh, iterators_from_config
+
+    flat, ar, _ = corpora
+    batches = {}
+    for name, path, workers in (("flat", flat, 0), ("flat_workers", flat, 2), ("ar", ar, 0)):
+        data = {
+            "train": {"corpus": {"kind": "array_record", "path": str(path)}},
+            "global_batch_size": 8,
+            "max_target_length": 64,
+            "worker_count": workers,
+        }
+        train, _ = iterators_from_config(data, create_mesh())
+        try:
+            batches[name] = [
+                {k: np.asarray(v) for k, v in next(train).to_dict().items()} for _ in range(6)
+            ]
+        finally:
+            train.close()
+    for other in ("flat_workers", "ar"):
+        for x, y in zip(batches["flat"], batches[other], strict=True):
+            for key in x:
+                np.testing.assert_array_equal(x[key], y[key], err_msg=f"{other} {key}")
