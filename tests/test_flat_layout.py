@@ -126,22 +126,33 @@ def test_the_dtype_is_the_smallest_that_holds_the_vocabulary(tmp_path):
 
 
 def test_nothing_is_opened_until_a_document_is_read(corpora, monkeypatch):
+    from xlstm_data.sources import flat_tokens
+
     flat, ar, _ = corpora
-    loaded = []
-    original = np.load
+    opened = []
+    original_load, original_open = np.load, open
 
     def recording_load(path, *args, **kwargs):
-        loaded.append(str(path))
-        return original(path, *args, **kwargs)
+        opened.append(str(path))
+        return original_load(path, *args, **kwargs)
+
+    def recording_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return original_open(path, *args, **kwargs)
 
     monkeypatch.setattr(np, "load", recording_load)
+    monkeypatch.setattr(flat_tokens, "open", recording_open, raising=False)
+
+    def shards_opened():
+        return [p for p in opened if p.endswith((".tokens.npy", ".offsets.npy"))]
+
     source = open_shards(str(flat))
     source.lengths()
-    assert not [p for p in loaded if p.endswith((".tokens.npy", ".offsets.npy"))]
+    assert not shards_opened()
     clone = pickle.loads(pickle.dumps(source))
     assert len(pickle.dumps(source)) < 5_000
     clone.read_many([0])
-    assert [p for p in loaded if p.endswith((".tokens.npy", ".offsets.npy"))] == [
+    assert shards_opened() == [
         str(flat / "shard-00000-of-00004.tokens.npy"),
         str(flat / "shard-00000-of-00004.offsets.npy"),
     ]
