@@ -29,7 +29,8 @@ def get_config(directory: str | None = None) -> config_dict.ConfigDict:
     config.eval_every_steps = 0  # evaluates once at the end, when there is a held-out split
     data = config.data
     data.train = config_dict.ConfigDict(
-        {"corpus": {"kind": "array_record", "path": os.path.join(directory, "*.array_record")}}
+        # The directory: its index.json says which shards and layout (flat or ArrayRecord).
+        {"corpus": {"kind": "array_record", "path": directory}}
     )
     validation = os.path.join(directory, "validation")
     if os.path.exists(os.path.join(validation, "index.json")):
@@ -37,7 +38,7 @@ def get_config(directory: str | None = None) -> config_dict.ConfigDict:
             {
                 "held_out": {
                     "kind": "array_record",
-                    "path": os.path.join(validation, "*.array_record"),
+                    "path": validation,
                 }
             }
         )

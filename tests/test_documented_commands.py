@@ -164,7 +164,7 @@ def test_readme_parquet_corpus_to_training(tmp_path):
     prepared = shell(PREPARE_PARQUET.replace("/data/fineweb", str(data)), tmp_path)
     assert "prepared 8,991 documents" in prepared.stdout
     assert "held out 9 documents" in prepared.stdout
-    assert len(list(data.glob("*.array_record"))) == 64
+    assert len(list(data.glob("*.tokens.npy"))) == 64
     command = TRAIN_PREPARED.replace("/data/fineweb", str(data)).replace(
         "fineweb_run", str(tmp_path / "run")
     )
@@ -177,7 +177,7 @@ def test_readme_parquet_corpus_to_training(tmp_path):
 def test_readme_index_and_beam_commands(tmp_path):
     import zstandard
 
-    from xlstm_data.sources import ArrayRecordSource, write_array_record
+    from xlstm_data.sources import ArrayRecordSource, open_shards, write_array_record
 
     shards = tmp_path / "data" / "shards"
     rng = np.random.default_rng(1)
@@ -197,7 +197,7 @@ def test_readme_index_and_beam_commands(tmp_path):
     corpus = tmp_path / "data" / "corpus"
     result = shell(PREPARE_BEAM.replace("/data/corpus", str(corpus)), tmp_path)
     assert "prepared 50 documents" in result.stdout
-    assert len(ArrayRecordSource(str(corpus / "*.array_record"))) == 50
+    assert len(open_shards(str(corpus))) == 50
 
 
 def test_readme_inspect_and_bench_commands(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -12,10 +13,13 @@ import xlstm_data as xd
 from tests.test_tokenizers import write_byte_bpe
 from xlstm_data.cli.main import main as cli_main
 from xlstm_data.errors import DataConfigError
-from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.prepare.corpus import prepare_corpus as prepare_any_layout
 from xlstm_data.prepare.index_shards import index_shards
 from xlstm_data.sources import ArrayRecordSource, write_array_record
 from xlstm_data.sources.tokenizers import HFTokenizer
+
+# These tests read the ArrayRecord layout; tests/test_flat_layout.py covers the flat default.
+prepare_corpus = functools.partial(prepare_any_layout, layout="array_record")
 
 TEXT = [
     "the quick brown fox jumps over the lazy dog",

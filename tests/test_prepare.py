@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -11,9 +12,12 @@ import pytest
 import xlstm_data as xd
 from xlstm_data.cli.main import main as cli_main
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.prepare.corpus import prepare_corpus as prepare_any_layout
 from xlstm_data.sources import ArrayRecordSource, write_array_record
 from xlstm_data.sources.tokenizers import ByteTokenizer
+
+# These tests read the ArrayRecord layout; tests/test_flat_layout.py covers the flat default.
+prepare_corpus = functools.partial(prepare_any_layout, layout="array_record")
 
 LINES = ["first document", "zweites Dokument ü", "", "third one\twith a tab", "x"]
 JSONL = [{"text": "json one", "id": 1}, {"text": "json two ✓"}, {"text": "three"}]
@@ -124,7 +128,7 @@ def test_cli_prints_progress_and_the_config_path(tmp_path, inputs, capsys):
     # Not a terminal: a plain line per tenth of the work, never a carriage return.
     assert "parts: 4/4\n" in captured.err and "shards: 4/4\n" in captured.err
     assert "\r" not in captured.err
-    assert f"path='{out}/*.array_record'" in captured.out
+    assert f"{out}/*.tokens.npy (use kind='array_record', path='{out}')" in captured.out
 
 
 def test_prepared_corpus_gives_an_exact_epoch_length(tmp_path, inputs):
@@ -258,8 +262,13 @@ def test_record_count_or_size_disagreeing_with_the_index_is_an_error(tmp_path, i
         index["shards"][2]["documents"] -= 1
 
     _edit_index(out, move_a_document)
+    source = ArrayRecordSource(pattern)  # counts from the index: no shard opened yet
     with pytest.raises(DataReadError, match=r"shard-00001-of-00004.* holds 3 records but .*says"):
-        ArrayRecordSource(pattern)
+        source.read_many(np.arange(len(source)))
+    one_by_one = ArrayRecordSource(pattern)
+    with pytest.raises(DataReadError, match=r"shard-00001-of-00004.* holds 3 records but .*says"):
+        for i in range(len(one_by_one)):
+            one_by_one[i]
     out, pattern = _prepared(tmp_path / "again", inputs)
     shard = out / "shard-00002-of-00004.array_record"
     noise = np.random.default_rng(0).integers(2, 258, 200_000, dtype=np.int32)

@@ -5,6 +5,7 @@ error, and every input that is not read is refused by name."""
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import io
 import json
@@ -21,7 +22,7 @@ import pytest
 import zstandard
 
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.prepare.corpus import prepare_corpus as prepare_any_layout
 from xlstm_data.prepare.inputs import (
     INPUT_FORMATS,
     InputPart,
@@ -31,6 +32,9 @@ from xlstm_data.prepare.inputs import (
 )
 from xlstm_data.sources import ArrayRecordSource, TextFileSource
 from xlstm_data.sources.tokenizers import ByteTokenizer
+
+# These tests read the ArrayRecord layout; tests/test_flat_layout.py covers the flat default.
+prepare_corpus = functools.partial(prepare_any_layout, layout="array_record")
 
 BYTES = ByteTokenizer()
 DOCUMENTS = [

@@ -3,6 +3,7 @@ named special tokens, the Beam runner and remote paths."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import sys
@@ -14,10 +15,13 @@ import pytest
 from tests.test_tokenizers import write_byte_bpe
 from xlstm_data.cli.main import main as cli_main
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.prepare.corpus import prepare_corpus as prepare_any_layout
 from xlstm_data.prepare.settings import load_tokenizer
 from xlstm_data.sources import ArrayRecordSource
 from xlstm_data.sources.tokenizers import ByteTokenizer
+
+# These tests read the ArrayRecord layout; tests/test_flat_layout.py covers the flat default.
+prepare_corpus = functools.partial(prepare_any_layout, layout="array_record")
 
 
 def texts(count: int, seed: int = 0) -> list[str]:
@@ -195,7 +199,13 @@ def test_bad_lines_stop_the_run_or_are_skipped_and_counted(tmp_path, capsys):
     with pytest.raises(DataReadError, match=r"line 2 of .*a\.jsonl"):
         prepare_corpus([str(tmp_path / "*.jsonl")], str(tmp_path / "out"))
     code = cli_main(
-        ["prepare", str(tmp_path / "*.jsonl"), f"--output={tmp_path / 'out'}", "--skip_bad_lines"]
+        [
+            "prepare",
+            str(tmp_path / "*.jsonl"),
+            f"--output={tmp_path / 'out'}",
+            "--skip_bad_lines",
+            "--layout=array_record",
+        ]
     )
     assert code == 0
     printed = capsys.readouterr().out

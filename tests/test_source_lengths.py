@@ -8,6 +8,7 @@ prepare index refuse, naming the command that writes one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import pytest
 from tests.test_tokenizers import write_byte_bpe
 from xlstm_data.cli.inspect_config import _source_counts
 from xlstm_data.errors import DataConfigError
-from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.prepare.corpus import prepare_corpus as prepare_any_layout
 from xlstm_data.sources import (
     ArrayRecordSource,
     InMemorySource,
@@ -31,6 +32,9 @@ from xlstm_data.sources import (
 )
 from xlstm_data.sources.stdlib_corpus import stdlib_source
 from xlstm_data.sources.tokenizers import ByteTokenizer
+
+# These tests read the ArrayRecord layout; tests/test_flat_layout.py covers the flat default.
+prepare_corpus = functools.partial(prepare_any_layout, layout="array_record")
 
 LINES = ["first document", "zweites Dokument ü", "", "   ", "third\twith a tab", "x", "東京 🚀"]
 ROWS = [{"text": "json one", "id": 1}, {"text": "json two ✓"}, {"text": ""}, {"text": "three"}]

@@ -264,6 +264,15 @@ def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
         "part_mb", 256, "inputs larger than this are tokenized in parallel parts", flag_values=fv
     )
     flags.DEFINE_enum(
+        "layout",
+        "flat",
+        ["flat", "array_record"],
+        "flat: per shard one token file (uint16 when the vocabulary fits, else uint32) and "
+        "document offsets, read through memory maps; array_record: one ArrayRecord record of "
+        "int32 ids per document",
+        flag_values=fv,
+    )
+    flags.DEFINE_enum(
         "runner",
         "local",
         list(RUNNERS),
@@ -338,31 +347,34 @@ def _prepare(fv: flags.FlagValues, inputs: list[str]) -> int:
         validation_documents=fv.validation_documents,
         seed=fv.seed,
         part_mb=fv.part_mb,
+        layout=fv.layout,
     )
     output = fv.output.rstrip("/")
+    shards = "*.tokens.npy" if fv.layout == "flat" else "*.array_record"
     for path, count in index.get("skipped_lines", {}).items():
         print(f"skipped {count:,} bad lines in {path}")
     print(
         f"prepared {index['documents']:,} documents, {index['tokens']:,} tokens in "
-        f"{len(index['shards'])} shards: {output}/*.array_record "
-        f"(use kind='array_record', path='{output}/*.array_record')"
+        f"{len(index['shards'])} shards: {output}/{shards} "
+        f"(use kind='array_record', path='{output}')"
     )
     if "validation" in index:
         held = index["validation"]
         print(
             f"held out {held['documents']:,} documents, {held['tokens']:,} tokens in "
-            f"{len(held['shards'])} shards: {output}/validation/*.array_record"
+            f"{len(held['shards'])} shards: {output}/validation/{shards}"
         )
     return 0
 
 
 PREPARE = Command(
     name="prepare",
-    summary="tokenize text, JSON lines, Parquet, Arrow or token arrays into ArrayRecord shards",
+    summary="tokenize text, JSON lines, Parquet, Arrow or token arrays into shards",
     usage="prepare INPUT... --output=DIR [flags]",
     description=(
         "Tokenizes the INPUT files, globs or HuggingFace dataset directories (plain, .gz or\n"
-        ".zst) into ArrayRecord shards in --output, with index.json and lengths.npy (and a\n"
+        ".zst) into shards in --output (flat token files, or ArrayRecord with\n"
+        "--layout=array_record), with index.json and lengths.npy (and a\n"
         "held-out split in --output/validation). A rerun keeps finished parts and shards."
     ),
     define=_define_prepare,

@@ -24,6 +24,7 @@ from xlstm_data.plan.packing import packing_mode
 from xlstm_data.plan.skips import StepSkips, parse_skip_steps
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
 from xlstm_data.sources import expand_files
+from xlstm_data.sources.prepared_shards import shard_files
 
 #: Options of each source kind: name -> (required, default).
 SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
@@ -156,8 +157,8 @@ class SourceConfig:
         from xlstm_data.sources import stdlib_corpus
 
         o = dict(self.options)
-        if self.kind == "array_record":
-            return sources.ArrayRecordSource(
+        if self.kind == "array_record":  # either layout `prepare` writes (see prepared_shards)
+            return sources.open_shards(
                 o["path"],
                 o["record_format"],
                 tokenizer=o["tokenizer"],
@@ -278,7 +279,9 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
         if required and value is None:
             raise DataConfigError(f"{key}.{option} is missing; kind {kind!r} requires it")
         options[option] = value
-    if "path" in options:
+    if kind == "array_record":  # a prepared directory, or a glob of shards
+        shard_files(options["path"], f"{key}.path")
+    elif "path" in options:
         expand_files(options["path"], f"{key}.path")  # what the source will open
     weight = spec.get("weight", 1.0)
     if with_weight:

@@ -11,9 +11,12 @@ the output directory) and the four steps every runner runs in this order:
 `prepare_corpus` runs them in this process or a process pool; `beam.run_beam`
 runs the same steps as an Apache Beam pipeline, so the two runners' outputs
 are the same bytes. Output layout: the training shards, `index.json` and
-`lengths.npy` in the output directory (a source reads
-`kind="array_record", path="OUT/*.array_record"`), the held-out split the
-same way in `OUT/validation/`, and the per-step bookkeeping in `OUT/.prepare`.
+`lengths.npy` in the output directory (a config reads them with
+`kind="array_record", path="OUT"`), the held-out split the same way in
+`OUT/validation/`, and the per-step bookkeeping in `OUT/.prepare`. Shards are
+flat by default (`shard-K-of-N.tokens.npy` with `.offsets.npy`, read through
+memory maps by `FlatTokenSource`), or ArrayRecord with `layout="array_record"`
+(`shard-K-of-N.array_record`).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from xlstm_data.sources.corpus_index import INDEX_FILE, LENGTHS_FILE
 WORK_DIR = ".prepare"
 _WORK_FILE = re.compile(
     r"(part-[0-9a-f]{24}\.(tokens|lengths\.npy|done\.json)"
-    r"|(train|validation)-shard-\d{5,}-of-\d{5,}\.array_record\.(lengths\.npy|done\.json))"
+    r"|(train|validation)-shard-\d{5,}-of-\d{5,}\.(array_record|tokens\.npy)\.(lengths\.npy|done\.json))"
     r"(\.[0-9a-f]{12}\.partial)?"
 )
 #: progress(step, done, total): step is "tokenize" or "write".
@@ -152,7 +155,7 @@ class Preparation:
         for split in (TRAIN, VALIDATION):
             split_tasks = [task for task in tasks if task.split == split]
             directory = split_directory(self.output_dir, split)
-            _remove_stale(directory, SHARD_FILE, {task.file for task in split_tasks})
+            _remove_stale(directory, SHARD_FILE, {f for task in split_tasks for f in task.files})
             if not split_tasks:
                 paths.remove(paths.join(directory, INDEX_FILE))
                 paths.remove(paths.join(directory, LENGTHS_FILE))
@@ -212,6 +215,9 @@ class Preparation:
         )
         settings = self.settings
         index = settings.index_header(documents, sum(task.tokens for task in tasks))
+        if settings.token_dtype is not None:  # absent: ArrayRecord, as in older indexes
+            index["layout"] = "flat"
+            index["token_dtype"] = settings.token_dtype
         index["split"] = split
         index["shards"] = [
             _shard_entry(task, shard) for task, shard in zip(tasks, shards, strict=True)
@@ -260,7 +266,8 @@ def write_step(item: ShardWrite) -> dict[str, Any]:
 
 
 def _shard_entry(task: ShardTask, shard: dict[str, Any]) -> dict[str, Any]:
-    entry = {key: shard[key] for key in ("file", "documents", "tokens", "bytes")}
+    keys = ("file", "documents", "tokens", "bytes", "offsets", "offsets_bytes")
+    entry = {key: shard[key] for key in keys if key in shard}
     inputs = [paths.absolute(path) for path in task.inputs]
     if len(inputs) == 1:
         entry["source"] = inputs[0]
@@ -304,7 +311,7 @@ def prepare_corpus(
     progress: Progress | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
-    """Tokenizes `inputs` into ArrayRecord shards with an index in `output_dir`.
+    """Tokenizes `inputs` into shards (flat, or ArrayRecord) with an index in `output_dir`.
 
     Args:
       inputs: Files, globs or HuggingFace dataset directories (see
@@ -319,7 +326,7 @@ def prepare_corpus(
       **settings: `PrepareSettings.create` arguments (input_format, field,
         unit, tokenizer, eod_token, pad_token, vocab_size, skip_bad_lines,
         num_shards, shard_size_mb, validation_fraction, validation_documents,
-        seed, part_mb).
+        seed, part_mb, layout).
 
     Returns:
       The training index (also in `output_dir/index.json`); with a held-out

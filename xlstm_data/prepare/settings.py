@@ -15,11 +15,14 @@ import math
 import os
 from typing import Any
 
+import numpy as np
+
 from xlstm_data.checks import check_int
 from xlstm_data.errors import DataConfigError
 from xlstm_data.prepare.inputs import INPUT_FORMATS
 from xlstm_data.sources.base import TEXT_UNITS
-from xlstm_data.sources.corpus_index import PREPARE_FORMAT_VERSION
+from xlstm_data.sources.corpus_index import LAYOUTS, PREPARE_FORMAT_VERSION
+from xlstm_data.sources.flat_tokens import token_dtype
 from xlstm_data.sources.tokenizers import HFTokenizer, Tokenizer, get_tokenizer
 
 RUNNERS = ("local", "beam")
@@ -47,6 +50,9 @@ class PrepareSettings:
       validation_documents: Number of documents held out, or None.
       seed: Chooses the held-out documents.
       part_mb: Inputs larger than this are tokenized in parallel parts.
+      layout: How shards store documents: "flat" (a memory-mapped token file
+        and document offsets per shard, read by `FlatTokenSource`; the
+        default) or "array_record" (one record of int32 ids per document).
     """
 
     input_format: str
@@ -65,6 +71,7 @@ class PrepareSettings:
     validation_documents: int | None
     seed: int
     part_mb: int
+    layout: str = "flat"
 
     @classmethod
     def create(
@@ -84,6 +91,7 @@ class PrepareSettings:
         validation_documents: int | None = None,
         seed: int = 0,
         part_mb: int = 256,
+        layout: str = "flat",
     ) -> PrepareSettings:
         """Checks every argument and loads the tokenizer once.
 
@@ -136,6 +144,8 @@ class PrepareSettings:
         check_int("--validation_documents", validation_documents, 1, optional=True)
         check_int("--seed", seed, 0)
         check_int("--part_mb", part_mb, 1)
+        if layout not in LAYOUTS:
+            raise DataConfigError(f"--layout={layout!r} is invalid; valid layouts: {list(LAYOUTS)}")
         return cls(
             input_format=input_format,
             field=field,
@@ -155,6 +165,7 @@ class PrepareSettings:
             validation_documents=validation_documents,
             seed=int(seed),
             part_mb=int(part_mb),
+            layout=layout,
         )
 
     @property
@@ -214,12 +225,18 @@ class PrepareSettings:
                 header[key] = getattr(self, key)
         return header
 
+    @property
+    def token_dtype(self) -> str | None:
+        """The dtype of flat shards' ids (the smallest holding the vocabulary), else None."""
+        return token_dtype(self.vocab_size) if self.layout == "flat" else None
+
     def shard_count(self, tokens: int) -> int | None:
         """Output shards for `tokens` of training data; None: one per input file."""
         if self.num_shards is not None:
             return self.num_shards
         if self.shard_size_mb is not None:
-            return max(1, math.ceil(tokens * 4 / (self.shard_size_mb * 2**20)))
+            token_bytes = 4 if self.token_dtype is None else np.dtype(self.token_dtype).itemsize
+            return max(1, math.ceil(tokens * token_bytes / (self.shard_size_mb * 2**20)))
         return None
 
 

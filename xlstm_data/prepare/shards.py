@@ -30,6 +30,7 @@ from xlstm_data.plan.permutation import FeistelPermutation, derive_seed
 from xlstm_data.prepare import paths
 from xlstm_data.prepare.settings import PrepareSettings
 from xlstm_data.sources.array_record import write_array_record
+from xlstm_data.sources.flat_tokens import flat_shard_files, offsets_path
 
 TRAIN, VALIDATION = "train", "validation"
 #: The held-out split's shards and index live in this subdirectory of the output.
@@ -39,11 +40,15 @@ SHARDS_DIR = "shards"
 _READ_TOKENS = 8 << 20
 
 #: Files of the output directories `prepare` writes; only these are ever deleted.
-SHARD_FILE = re.compile(r"(shard-\d{5,}-of-\d{5,}\.array_record)(\.[0-9a-f]{12}\.partial)?")
+SHARD_FILE = re.compile(
+    r"(shard-\d{5,}-of-\d{5,}\.(?:array_record|tokens\.npy|offsets\.npy))(\.[0-9a-f]{12}\.partial)?"
+)
 
 
-def shard_name(index: int, count: int) -> str:
-    return f"shard-{index:05d}-of-{count:05d}.array_record"
+def shard_name(index: int, count: int, layout: str = "array_record") -> str:
+    """The file of shard `index` of `count` (for "flat", its tokens file)."""
+    stem = f"shard-{index:05d}-of-{count:05d}"
+    return flat_shard_files(stem)[0] if layout == "flat" else f"{stem}.array_record"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +113,24 @@ class ShardTask:
     documents: int
     tokens: int
     inputs: tuple[str, ...]
+    token_dtype: str | None = None
+
+    @property
+    def layout(self) -> str:
+        """ "flat" (a tokens and an offsets file, ids as `token_dtype`) or "array_record"."""
+        return "array_record" if self.token_dtype is None else "flat"
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file the shard is made of."""
+        return (self.file, offsets_path(self.file)) if self.layout == "flat" else (self.file,)
 
     def digest(self) -> str:
         """What the shard's bytes depend on (its parts' names cover their inputs)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        described = dataclasses.asdict(self)
+        if self.token_dtype is None:  # as before flat shards existed: old shards are kept
+            del described["token_dtype"]
+        text = json.dumps(described, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -165,7 +184,10 @@ def plan_shards(
     if split.count:
         share = tokens[VALIDATION] / max(1, tokens[TRAIN] + tokens[VALIDATION])
         counts[VALIDATION] = max(1, round(counts[TRAIN] * share))
-    builders = {name: _Shards(name, counts[name], split) for name in (TRAIN, VALIDATION)}
+    builders = {
+        name: _Shards(name, counts[name], split, settings.token_dtype)
+        for name in (TRAIN, VALIDATION)
+    }
     offsets = {TRAIN: 0, VALIDATION: 0}
     for part in parts:
         lengths = lengths_of(part).astype(np.int64)
@@ -188,9 +210,10 @@ def plan_shards(
 class _Shards:
     """Collects the pieces, documents and tokens of one split's shards."""
 
-    def __init__(self, split: str, count: int, held: HeldOut):
+    def __init__(self, split: str, count: int, held: HeldOut, token_dtype: str | None):
         self._split = split
         self._held = held
+        self._token_dtype = token_dtype
         self._pieces: list[list[Piece]] = [[] for _ in range(count)]
         self._documents = [0] * count
         self._tokens = [0] * count
@@ -214,14 +237,16 @@ class _Shards:
     def tasks(self) -> Iterator[ShardTask]:
         count = len(self._pieces)
         for k in range(count):
+            layout = "array_record" if self._token_dtype is None else "flat"
             yield ShardTask(
                 self._split,
-                shard_name(k, count),
+                shard_name(k, count, layout),
                 tuple(self._pieces[k]),
                 self._held,
                 self._documents[k],
                 self._tokens[k],
                 tuple(self._inputs[k]),
+                self._token_dtype,
             )
 
 
@@ -239,8 +264,14 @@ def finished_shard(task: ShardTask, output_dir: str, work_dir: str) -> dict[str,
     if not paths.exists(marker):
         return None
     summary = paths.read_json(marker)
-    final = paths.join(split_directory(output_dir, task.split), task.file)
-    if summary.get("digest") != task.digest() or paths.size(final) != summary.get("bytes"):
+    directory = split_directory(output_dir, task.split)
+    if summary.get("digest") != task.digest():
+        return None
+    if paths.size(paths.join(directory, task.file)) != summary.get("bytes"):
+        return None
+    if task.layout == "flat" and (
+        paths.size(paths.join(directory, offsets_path(task.file))) != summary.get("offsets_bytes")
+    ):
         return None
     return summary
 
@@ -271,10 +302,13 @@ def write_shard(
                 lengths.append(np.fromiter(map(len, documents), np.int32, len(documents)))
                 yield from documents
 
-    partial = paths.partial_name(final)
-    with paths.local_copy_for_writing(partial) as local:
-        write_array_record(local, records())
-    paths.replace(partial, final)
+    if task.layout == "flat":
+        _write_flat(task, final, records())
+    else:
+        partial = paths.partial_name(final)
+        with paths.local_copy_for_writing(partial) as local:
+            write_array_record(local, records())
+        paths.replace(partial, final)
     array = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
     if array.size != task.documents or int(array.sum(dtype=np.int64)) != task.tokens:
         raise DataReadError(
@@ -282,6 +316,16 @@ def write_shard(
             f"{int(array.sum())} tokens, planned {task.documents} and {task.tokens}: an input "
             "changed during the run; rerun prepare"
         )
+    summary_files = {}
+    if task.layout == "flat":
+        offsets = np.zeros(array.size + 1, dtype=np.int64)
+        np.cumsum(array, out=offsets[1:])
+        offsets_file = paths.join(directory, offsets_path(task.file))
+        paths.write_npy_atomically(offsets_file, offsets)
+        summary_files = {
+            "offsets": offsets_path(task.file),
+            "offsets_bytes": paths.size(offsets_file),
+        }
     paths.write_npy_atomically(_marker(work_dir, task, ".lengths.npy"), array)
     summary = {
         "digest": task.digest(),
@@ -290,9 +334,53 @@ def write_shard(
         "documents": task.documents,
         "tokens": task.tokens,
         "bytes": paths.size(final),
+        **summary_files,
     }
     paths.write_json_atomically(_marker(work_dir, task, ".done.json"), summary)
     return summary
+
+
+def _write_flat(task: ShardTask, final: str, documents: Iterator[np.ndarray]) -> None:
+    """Writes a flat shard's tokens file: the documents' ids back to back, as `token_dtype`.
+
+    The ids were checked against the vocabulary when their part was tokenized;
+    they are checked again here, one pass per chunk, because a narrowing cast
+    would wrap an id that does not fit without a sound.
+    """
+    assert task.token_dtype is not None
+    dtype = np.dtype(task.token_dtype).newbyteorder("<")
+    upper = int(np.iinfo(dtype).max)
+
+    def chunks() -> Iterator[np.ndarray]:
+        buffered: list[np.ndarray] = []
+        size = 0
+        for document in documents:
+            buffered.append(document)
+            size += len(document)
+            if size >= _READ_TOKENS:
+                yield _narrowed(buffered, upper)
+                buffered, size = [], 0
+        if buffered:
+            yield _narrowed(buffered, upper)
+
+    try:
+        paths.write_npy_in_pieces(final, chunks(), task.tokens, dtype)
+    except ValueError as error:
+        raise DataReadError(
+            f"prepare: shard {task.file}: {error}, planned {task.tokens} tokens: an input "
+            "changed during the run; rerun prepare"
+        ) from error
+
+
+def _narrowed(documents: list[np.ndarray], upper: int) -> np.ndarray:
+    joined = np.concatenate(documents)
+    if joined.size and (int(joined.min()) < 0 or int(joined.max()) > upper):
+        raise DataReadError(
+            f"prepare: a tokenized part holds id {int(joined.max())} or {int(joined.min())}, "
+            f"outside [0, {upper}]; its files in the work directory were changed: delete the "
+            "output's .prepare directory and rerun prepare"
+        )
+    return joined
 
 
 def shard_lengths(task: ShardTask, work_dir: str) -> np.ndarray:

@@ -1,11 +1,13 @@
 """Turns planned rows (pieces of documents) into the arrays of a host batch.
 
-Each document of the batch is read once, all of one source's in one call;
-its example stream is built as in `chunking.document_to_examples`
-(`tokens + [EOD]`, or `[EOD] + tokens + [EOD]` when inputs are shifted right),
-all streams in one concatenation; then every field of every row is filled by
-one gather from that buffer, with index arithmetic over the whole batch
-(placement, segment ids, positions) and no loop per piece or per token.
+Each document of the batch is read once, all of one source's in one call
+(zero-copy views for memory-mapped shards); the part of its example stream
+the batch uses is built as in `chunking.document_to_examples` (`tokens +
+[EOD]`, or `[EOD] + tokens + [EOD]` when inputs are shifted right), all
+streams in one concatenation; then every field of every row is derived in one
+pass: a repeat of a per-piece value over the pieces, which tile the batch,
+and one gather from that buffer for inputs and for targets. No loop runs per
+piece or per token.
 
 The fields are written into one int32 block `[field, row, position]`: a
 step leaves a worker process as one shared-memory segment instead of one per
@@ -29,20 +31,42 @@ _FIELD = {name: index for index, name in enumerate(FIELDS)}
 _DOCUMENT_BITS = 40
 
 
-def _example_streams(
-    tokens: Sequence[np.ndarray], shift: bool, shift_target: bool, eod_token_id: int, pad: int
+def _used_streams(
+    tokens: Sequence[np.ndarray],
+    low: np.ndarray,
+    high: np.ndarray,
+    prefix: int,
+    eod_token_id: int,
+    zeros: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """All documents' example streams back to back, then `pad` zeros; and each stream's size."""
+    """Positions `[low, high)` of each document's example stream back to back, then `zeros`.
+
+    A document's example stream is `[EOD] * prefix + tokens + [EOD]`; only the
+    part the batch's pieces use (and the target one further on) is copied, so
+    a long document of which a batch takes one row's worth costs one row's
+    worth of copying, not its whole length. The documents may be views of any
+    integer dtype (memory-mapped uint16 ids); the result is int32.
+
+    Returns:
+      The int32 buffer, and the buffer index of each stream's position `low`.
+    """
     eod = np.array([eod_token_id], dtype=np.int32)
-    if shift and not shift_target:
-        parts = [part for document in tokens for part in (eod, document, eod)]
-        extra = 2
-    else:
-        parts = [part for document in tokens for part in (document, eod)]
-        extra = 1
-    parts.append(np.zeros(pad, dtype=np.int32))
-    sizes = np.fromiter((len(d) for d in tokens), dtype=np.int64, count=len(tokens)) + extra
-    return np.concatenate(parts), sizes
+    parts: list[np.ndarray] = []
+    starts = np.empty(len(tokens), dtype=np.int64)
+    filled = 0
+    for u, (document, lo, hi) in enumerate(zip(tokens, low.tolist(), high.tolist(), strict=True)):
+        starts[u] = filled
+        n = len(document)
+        if lo < prefix:
+            parts.append(eod)
+        first, last = max(lo - prefix, 0), min(hi - prefix, n)
+        if last > first:
+            parts.append(document[first:last])
+        if hi > n + prefix:
+            parts.append(eod)
+        filled += hi - lo
+    parts.append(np.zeros(zeros, dtype=np.int32))
+    return np.concatenate(parts, dtype=np.int32, casting="same_kind"), starts
 
 
 def assemble_rows(
@@ -56,11 +80,17 @@ def assemble_rows(
 ) -> np.ndarray:
     """The `LLMBatch` fields of the planned rows, and `source_ids`: int32 `[FIELDS, rows, L]`.
 
+    Every row is its pieces followed by one padding piece (possibly empty), so
+    the pieces of all rows tile the batch in order: each field is then one
+    `np.repeat` of a per-piece value (plus an `arange` for positions and the
+    gather index) written straight into the block, with no scatter, no
+    per-token mask and no pass over the padding beyond writing it.
+
     Args:
       pieces: The rows to fill.
       read_documents: Reads a source's documents (one call per source); each
         must be as long as the plan was told (`PlannedBatchDataset` checks it
-        on every read).
+        on every read). Any integer dtype; views are not written to.
       row_length: L.
       shift: Targets are the inputs shifted by one.
       shift_target: Shift targets left (else inputs right, EOD as BOS).
@@ -73,10 +103,11 @@ def assemble_rows(
     """
     rows = pieces.rows
     size = rows * row_length
-    block = np.zeros((len(FIELDS), size), dtype=np.int32)
-    block[_FIELD[SOURCE_ID_FIELD]] = SOURCE_ID_PADDING
     if len(pieces.source) == 0:
+        block = np.zeros((len(FIELDS), size), dtype=np.int32)
+        block[_FIELD[SOURCE_ID_FIELD]] = SOURCE_ID_PADDING
         return block.reshape(len(FIELDS), rows, row_length)
+    block = np.empty((len(FIELDS), size), dtype=np.int32)  # every entry is written below
     keys = pieces.source.astype(np.int64) << _DOCUMENT_BITS | pieces.document
     unique, which = np.unique(keys, return_inverse=True)
     unique_source = unique >> _DOCUMENT_BITS
@@ -86,29 +117,49 @@ def assemble_rows(
     tokens: list[np.ndarray] = []
     for lo, hi in zip([0, *runs.tolist()], [*runs.tolist(), len(unique)], strict=True):
         tokens.extend(read_documents(int(unique_source[lo]), unique_document[lo:hi]))
-    # Padding reads two zeros at the end (inputs, and targets one further on).
-    flat, sizes = _example_streams(tokens, shift, shift_target, eod_token_id, 2)
-    pad = len(flat) - 2
-    stream_offset = np.cumsum(sizes) - sizes
+    # The stream positions the pieces use; targets read one further on.
+    low = np.full(len(unique), np.iinfo(np.int64).max, dtype=np.int64)
+    high = np.zeros(len(unique), dtype=np.int64)
+    np.minimum.at(low, which, pieces.start)
+    np.maximum.at(high, which, pieces.stop + int(shift))
+    prefix = int(shift and not shift_target)
+    # Padding gathers from a run of zeros (inputs, and targets one further on).
+    flat, stream_start = _used_streams(tokens, low, high, prefix, eod_token_id, row_length + 1)
+    zeros_at = len(flat) - row_length - 1
+
+    # Each row's pieces, then its padding piece: together they tile the batch.
     lengths = pieces.stop - pieces.start
     row_of_piece = pieces.row_of_piece()
-    first_piece_of_row = pieces.row_offsets[:-1][row_of_piece]
-    ends = np.cumsum(lengths)
-    begins = ends - lengths  # of each piece among all the batch's tokens
-    destination_start = row_of_piece * row_length + begins - begins[first_piece_of_row]
-    token = np.arange(int(ends[-1]), dtype=np.int64)
-    destination = token + np.repeat(destination_start - begins, lengths)
-    gather = np.full(size, pad, dtype=np.int64)
-    gather[destination] = token + np.repeat(stream_offset[which] + pieces.start - begins, lengths)
-    segment = block[_FIELD["inputs_segmentation"]]
-    segment[destination] = np.repeat(
-        (np.arange(len(lengths)) - first_piece_of_row + 1).astype(np.int32), lengths
-    )
-    block[_FIELD["targets_segmentation"]] = segment
+    first_piece_of_row = pieces.row_offsets[:-1]
+    ends = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ends[1:])
+    filled = ends[pieces.row_offsets[1:]] - ends[first_piece_of_row]  # tokens per row
+    order = np.arange(len(lengths)) + row_of_piece  # a real piece's place among all
+    pads = pieces.row_offsets[1:] + np.arange(rows)  # each row's padding piece's place
+    count = len(lengths) + rows
+    tile = np.empty(count, dtype=np.int64)
+    tile[order] = lengths
+    tile[pads] = row_length - filled
+    begin = np.cumsum(tile) - tile  # of each piece in the batch
+    segment = np.zeros(count, dtype=np.int32)
+    segment[order] = np.arange(len(lengths)) - first_piece_of_row[row_of_piece] + 1
+    source = np.full(count, SOURCE_ID_PADDING, dtype=np.int32)
+    source[order] = pieces.source
+    # Buffer index of each piece's first input, less its place in the batch.
+    gather_shift = np.empty(count, dtype=np.int64)
+    gather_shift[order] = stream_start[which] + pieces.start - low[which]
+    gather_shift[pads] = zeros_at
+    gather_shift -= begin
+
+    block[_FIELD["inputs_segmentation"]] = np.repeat(segment, tile)
+    block[_FIELD["targets_segmentation"]] = block[_FIELD["inputs_segmentation"]]
     position = block[_FIELD["inputs_position"]]
-    position[destination] = token - np.repeat(begins, lengths)
+    np.subtract(_arange(size), np.repeat(begin, tile), out=position, casting="same_kind")
+    for r in np.flatnonzero(filled < row_length).tolist():  # padding has position 0
+        position[r * row_length + int(filled[r]) : (r + 1) * row_length] = 0
     block[_FIELD["targets_position"]] = position
-    block[_FIELD[SOURCE_ID_FIELD]][destination] = np.repeat(pieces.source.astype(np.int32), lengths)
+    block[_FIELD[SOURCE_ID_FIELD]] = np.repeat(source, tile)
+    gather = _arange(size) + np.repeat(gather_shift, tile)
     np.take(flat, gather, out=block[_FIELD["inputs"]], mode="clip")  # in range: no buffer
     if shift:
         gather += 1
@@ -116,6 +167,20 @@ def assemble_rows(
     else:
         block[_FIELD["targets"]] = block[_FIELD["inputs"]]
     return block.reshape(len(FIELDS), rows, row_length)
+
+
+_ARANGES: dict[int, np.ndarray] = {}
+
+
+def _arange(size: int) -> np.ndarray:
+    """`np.arange(size)` (int64), kept per size: a batch shape repeats every step."""
+    values = _ARANGES.get(size)
+    if values is None:
+        values = np.arange(size, dtype=np.int64)
+        values.flags.writeable = False
+        if len(_ARANGES) < 16:
+            _ARANGES[size] = values
+    return values
 
 
 def fields_of(block: np.ndarray) -> dict[str, np.ndarray]:

@@ -25,18 +25,22 @@ the command, and `has_lengths()` lets a caller ask first.
 
 from xlstm_data.sources.array_record import ArrayRecordSource, write_array_record
 from xlstm_data.sources.base import TEXT_UNITS, TokenSource, expand_files
+from xlstm_data.sources.flat_tokens import FlatTokenSource
 from xlstm_data.sources.in_memory import InMemorySource, as_token_source
+from xlstm_data.sources.prepared_shards import open_shards
 from xlstm_data.sources.synthetic import SyntheticSource
 from xlstm_data.sources.text_files import TextFileSource
 
 __all__ = [
     "TEXT_UNITS",
     "ArrayRecordSource",
+    "FlatTokenSource",
     "InMemorySource",
     "SyntheticSource",
     "TextFileSource",
     "TokenSource",
     "as_token_source",
     "expand_files",
+    "open_shards",
     "write_array_record",
 ]

@@ -24,11 +24,15 @@ from xlstm_data.sources.base import (
     _checked_int32,
     _decode_utf8,
     _in_range,
-    _spec_repr,
     expand_files,
 )
-from xlstm_data.sources.corpus_index import INDEX_FILE, PreparedCorpus, prepared_corpus
-from xlstm_data.sources.tokenizers import Tokenizer, get_tokenizer
+from xlstm_data.sources.corpus_index import (
+    INDEX_FILE,
+    PreparedCorpus,
+    prepared_corpus,
+    prepared_tokenizer,
+)
+from xlstm_data.sources.tokenizers import get_tokenizer
 
 # ----------------------------------------------------------------------------
 # ArrayRecord.
@@ -99,19 +103,24 @@ class ArrayRecordSource(TokenSource):
         if tokenizer is not None:
             self._tokenizer = get_tokenizer(tokenizer)
         self._files = expand_files(pattern, "ArrayRecordSource: pattern")
-        self._sources: list[Any] = []
-        lengths: list[int] = []
-        for path in self._files:
-            try:
-                src = grain.sources.ArrayRecordDataSource(path)
-            except Exception as e:  # The reader raises plain RuntimeError/ValueError.
-                raise DataConfigError(
-                    f"ArrayRecordSource: file {path!r} matched by pattern={pattern!r} is not a "
-                    f"readable ArrayRecord file ({type(e).__name__}: {e}); narrow the pattern "
-                    "to ArrayRecord files only."
-                ) from e
-            self._sources.append(src)
-            lengths.append(len(src))
+        # Listed shards of prepared directories: counts from their index, nothing opened.
+        self._prepared: PreparedCorpus | None = prepared_corpus(self._files)
+        opened = self._prepared is None or self._prepared.documents is None
+        if opened:
+            self._sources = [self._open(path, pattern) for path in self._files]
+            lengths = [len(src) for src in self._sources]
+            self._prepared = prepared_corpus(self._files, lengths)
+        else:
+            assert self._prepared is not None and self._prepared.documents is not None
+            lengths = list(self._prepared.documents)
+            self._sources = [None] * len(self._files)
+        if self._prepared is not None and self._prepared.layout != "array_record":
+            directory = os.path.dirname(self._prepared.index_files[0])
+            raise DataConfigError(
+                f"ArrayRecordSource: {self._prepared.index_files[0]} says the shards are in the "
+                f"{self._prepared.layout!r} layout, not ArrayRecord; read them with "
+                f"FlatTokenSource, or kind='array_record', path={directory!r} in a config."
+            )
         self._ends = list(np.cumsum(lengths, dtype=np.int64).tolist())
         self._init_readers()
         self._num_records = int(self._ends[-1])
@@ -120,7 +129,6 @@ class ArrayRecordSource(TokenSource):
                 f"ArrayRecordSource: pattern={pattern!r} matched {len(self._files)} file(s) but "
                 "they hold no records; point it at non-empty ArrayRecord files."
             )
-        self._prepared: PreparedCorpus | None = prepared_corpus(self._files, lengths)
         if self._prepared is not None and self._prepared.record_format != record_format:
             raise DataConfigError(
                 f"ArrayRecordSource: record_format={record_format!r}, but the shards' index "
@@ -129,7 +137,9 @@ class ArrayRecordSource(TokenSource):
                 f"record_format={self._prepared.record_format!r}."
             )
         if self._prepared is not None:
-            self._tokenizer = self._prepared_tokenizer(self._prepared, tokenizer)
+            self._tokenizer = prepared_tokenizer(
+                self._prepared, tokenizer, self._tokenizer, type(self).__name__
+            )
         elif record_format == "text":
             if tokenizer is None:
                 self._tokenizer = get_tokenizer(None)
@@ -141,9 +151,10 @@ class ArrayRecordSource(TokenSource):
         if vocab is None and self._tokenizer is not None:
             vocab = int(self._tokenizer.vocab_size)
         self.vocab_size = vocab
-        # Decode the first record now so a wrong record_format fails at launch.
-        first_file = next(i for i, n in enumerate(lengths) if n > 0)
-        self._read_local(first_file, 0, self._ends[first_file - 1] if first_file else 0)
+        if opened:  # prepared shards' record_format is in their index
+            # Decode the first record now so a wrong record_format fails at launch.
+            first_file = next(i for i, n in enumerate(lengths) if n > 0)
+            self._read_local(first_file, 0, self._ends[first_file - 1] if first_file else 0)
         logging.info(
             "ArrayRecordSource: %d records in %d files (%s ... %s), record_format=%s, "
             "vocab_size=%s.",
@@ -155,68 +166,46 @@ class ArrayRecordSource(TokenSource):
             vocab,
         )
 
-    def _prepared_tokenizer(
-        self, prepared: PreparedCorpus, tokenizer: TokenizerSpec
-    ) -> Tokenizer | None:
-        """The tokenizer of prepared shards: the index's, or `tokenizer` if it is the same.
-
-        Token arrays prepared with a `vocab_size` beyond the recorded
-        tokenizer's hold ids that tokenizer did not make (another tokenizer's,
-        e.g. GPT-2's): they have no tokenizer unless one is named that covers
-        their vocabulary, so its end-of-document id is not forced on them.
-
-        Raises:
-          DataConfigError: If `tokenizer` differs from the one the shards were
-            made with (vocabulary size or end-of-document id), or is None and the
-            index's tokenizer file is not on this machine.
-        """
-        index_file = prepared.index_files[0]
-        # Text is always encoded by the recorded tokenizer, whatever the vocabulary.
-        if (
-            prepared.vocab_size > prepared.tokenizer_vocab_size
-            and prepared.record_format == "tokens"
-        ):
-            if tokenizer is None:
-                return None
-            named = self._tokenizer
-            assert named is not None
-            if int(named.vocab_size) < prepared.vocab_size:
-                raise DataConfigError(
-                    f"ArrayRecordSource: tokenizer={_spec_repr(tokenizer)} has "
-                    f"{named.vocab_size} ids, fewer than the shards' vocab_size "
-                    f"{prepared.vocab_size} (recorded in {index_file}); name the tokenizer "
-                    "that made the ids, or None"
-                )
-            return named
-        told = "".join(
-            f", {key} {value!r}"
-            for key, value in (("eod_token", prepared.eod_token), ("pad_token", prepared.pad_token))
-            if value is not None
-        )
-        made_with = (
-            f"tokenizer={prepared.tokenizer!r} (vocab_size {prepared.tokenizer_vocab_size}, "
-            f"eod_id {prepared.eod_id}{told}, recorded in {index_file})"
-        )
-        if tokenizer is None:
-            if prepared.tokenizer != "byte" and not os.path.isfile(prepared.tokenizer):
-                raise DataConfigError(
-                    f"ArrayRecordSource: the shards were prepared with {made_with}, which is "
-                    "not a file on this machine; pass tokenizer= the path of a copy of it."
-                )
-            found = prepared.load_tokenizer()
-        else:
-            found = self._tokenizer
-            assert found is not None
-        if (int(found.vocab_size), int(found.eod_id)) != (
-            prepared.tokenizer_vocab_size,
-            prepared.eod_id,
-        ):
+    @staticmethod
+    def _open(path: str, pattern: Any) -> Any:
+        """grain's source of one file (reads its record index)."""
+        try:
+            return grain.sources.ArrayRecordDataSource(path)
+        except Exception as e:  # The reader raises plain RuntimeError/ValueError.
             raise DataConfigError(
-                f"ArrayRecordSource: tokenizer={_spec_repr(tokenizer)} (vocab_size "
-                f"{found.vocab_size}, eod_id {found.eod_id}) is not the tokenizer the shards "
-                f"were prepared with: {made_with}; pass that tokenizer, or None to use it."
+                f"ArrayRecordSource: file {path!r} matched by pattern={pattern!r} is not a "
+                f"readable ArrayRecord file ({type(e).__name__}: {e}); narrow the pattern "
+                "to ArrayRecord files only."
+            ) from e
+
+    def _source(self, file_idx: int) -> Any:
+        """grain's source of file `file_idx`, opened on first use in this process."""
+        source = self._sources[file_idx]
+        if source is None:
+            path = self._files[file_idx]
+            try:
+                source = grain.sources.ArrayRecordDataSource(path)
+            except Exception as e:
+                raise DataReadError(
+                    f"ArrayRecordSource: file {path!r} (listed in its directory's index.json) "
+                    f"cannot be opened as ArrayRecord ({type(e).__name__}: {e}); it is damaged: "
+                    "rerun `xlstm-data prepare` (or `xlstm-data index`) to rewrite it."
+                ) from e
+            self._check_count(file_idx, len(source))
+            self._sources[file_idx] = source
+        return source
+
+    def _check_count(self, file_idx: int, records: int) -> None:
+        """A shard opened lazily must hold the records its index listed (else reads shift)."""
+        listed = self._ends[file_idx] - (self._ends[file_idx - 1] if file_idx else 0)
+        if records != listed:
+            assert self._prepared is not None
+            raise DataReadError(
+                f"{self._files[file_idx]}: holds {records} records but "
+                f"{self._prepared.index_files[0]} says it holds {listed} documents; the shard or "
+                "the index is stale: rerun `xlstm-data prepare` with the same inputs and --output "
+                "to rewrite it, or `xlstm-data index` on the shards if it made the index."
             )
-        return found
 
     @property
     def files(self) -> list[str]:
@@ -327,7 +316,7 @@ class ArrayRecordSource(TokenSource):
             return self._where(file_idx, local, global_index)
 
         try:
-            raw = self._sources[file_idx][local]
+            raw = self._source(file_idx)[local]
         except Exception as e:
             raise DataReadError(f"{where()}: could not be read ({type(e).__name__}: {e}).") from e
         return self._decode(raw, where)
@@ -360,6 +349,7 @@ class ArrayRecordSource(TokenSource):
         """Drops the batch readers and their lock (opened again in the process that reads)."""
         state = self.__dict__.copy()
         del state["_readers"], state["_readers_lock"]
+        state["_sources"] = [None] * len(self._files)  # opened again where read
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -381,6 +371,7 @@ class ArrayRecordSource(TokenSource):
                         options="readahead_buffer_size:0",
                         file_reader_buffer_size=32768,
                     )
+                    self._check_count(file_idx, reader.num_records())
                     self._readers[file_idx] = reader
         return reader
 

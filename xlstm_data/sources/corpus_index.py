@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from xlstm_data.errors import DataReadError
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.sources.base import _spec_repr as spec_repr
 
 #: Version of `index.json`; bump on format changes.
 PREPARE_FORMAT_VERSION = 2
@@ -45,8 +46,22 @@ _INDEX_KEYS: dict[str, type] = {
 _SHARD_KEYS = ("file", "documents", "tokens", "bytes")
 #: What the records hold: int32 token bytes, or UTF-8 text tokenized on read.
 RECORD_FORMATS = ("tokens", "text")
-#: Keys an index may hold (absent: "tokens" records, the tokenizer's own special tokens).
-_OPTIONAL_KEYS: dict[str, type] = {"record_format": str, "eod_token": str, "pad_token": str}
+#: How the shards store their documents: one ArrayRecord record per document, or
+#: one flat token file per shard with document offsets (`flat_tokens`).
+LAYOUTS = ("array_record", "flat")
+#: The token dtypes of flat shards: the smallest that holds the vocabulary.
+TOKEN_DTYPES = ("uint16", "uint32")
+#: Keys an index may hold (absent: "tokens" records in the "array_record" layout,
+#: the tokenizer's own special tokens).
+_OPTIONAL_KEYS: dict[str, type] = {
+    "record_format": str,
+    "eod_token": str,
+    "pad_token": str,
+    "layout": str,
+    "token_dtype": str,
+}
+#: Keys each shard of a flat index holds besides `_SHARD_KEYS`.
+_FLAT_SHARD_KEYS = ("offsets", "offsets_bytes")
 
 
 def read_index(directory: str) -> dict[str, Any] | None:
@@ -96,11 +111,28 @@ def read_index(directory: str) -> dict[str, Any] | None:
             f"{path}: record_format={index['record_format']!r} is not one of "
             f"{list(RECORD_FORMATS)}; {_REWRITE_HINT}."
         )
+    layout = index.get("layout", "array_record")
+    if layout not in LAYOUTS:
+        raise DataReadError(
+            f"{path}: layout={layout!r} is not one of {list(LAYOUTS)}; this version of "
+            f"xlstm-data cannot read it: upgrade it, or {_REWRITE_HINT}."
+        )
+    shard_keys = _SHARD_KEYS
+    if layout == "flat":
+        shard_keys = (*_SHARD_KEYS, *_FLAT_SHARD_KEYS)
+        if index.get("token_dtype") not in TOKEN_DTYPES or index.get("record_format", "tokens") != (
+            "tokens"
+        ):
+            raise DataReadError(
+                f"{path}: a flat layout needs token_dtype in {list(TOKEN_DTYPES)} and token "
+                f"records, not token_dtype={index.get('token_dtype')!r}, record_format="
+                f"{index.get('record_format', 'tokens')!r}; {_REWRITE_HINT}."
+            )
     for number, shard in enumerate(index["shards"]):
-        if not isinstance(shard, dict) or any(k not in shard for k in _SHARD_KEYS):
+        if not isinstance(shard, dict) or any(k not in shard for k in shard_keys):
             raise DataReadError(
                 f"{path}: shard entry {number} is {shard!r}, expected the keys "
-                f"{list(_SHARD_KEYS)}; {_REWRITE_HINT}."
+                f"{list(shard_keys)}; {_REWRITE_HINT}."
             )
     return index
 
@@ -122,6 +154,11 @@ class PreparedCorpus:
       pad_token: The padding token `prepare` was told, or None.
       record_format: "tokens" (int32 ids), or "text" for UTF-8 shards that
         `xlstm-data index` counted with the tokenizer.
+      layout: How the shards store documents (one of `LAYOUTS`).
+      token_dtype: The token dtype of flat shards ("uint16"/"uint32"), else None.
+      documents: Per file read, the documents its index lists; None unless
+        every file read is a listed shard. With it a source knows its size
+        without opening a shard.
     """
 
     vocab_size: int
@@ -133,6 +170,9 @@ class PreparedCorpus:
     eod_token: str | None = None
     pad_token: str | None = None
     record_format: str = "tokens"
+    layout: str = "array_record"
+    token_dtype: str | None = None
+    documents: tuple[int, ...] | None = None
 
     def load_tokenizer(self) -> Any:
         """The tokenizer the shards were made with, with the special tokens `prepare` was
@@ -199,17 +239,25 @@ def _load_lengths(path: str) -> np.ndarray:
     return lengths
 
 
-def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> PreparedCorpus | None:
+def prepared_corpus(
+    files: Sequence[str], record_counts: Sequence[int] | None = None
+) -> PreparedCorpus | None:
     """Reads and checks the prepare index of shard `files`.
 
     Files may come from several prepared directories (each with its own index,
-    all made with the same tokenizer and vocabulary) and be any subset of their
-    shards, in any order. A directory without `index.json` is not prepared: its
-    files have no known lengths, which makes `slices` None.
+    all made with the same tokenizer, vocabulary and layout) and be any subset
+    of their shards, in any order. A directory without `index.json` is not
+    prepared: its files have no known lengths, which makes `slices` None.
+
+    Only the indexes are read, and each listed file's size is compared with the
+    index (one `stat` per file): no shard is opened, so a source of 10^5 shards
+    starts in the time it takes to parse its index.
 
     Args:
-      files: ArrayRecord files read by a source, in its order.
-      record_counts: The number of records each file really holds.
+      files: Shard files read by a source, in its order.
+      record_counts: The number of records each file really holds, when the
+        caller opened them (checked against the index); None: not opened, the
+        index's counts are `documents`.
 
     Returns:
       The corpus description, or None when no file is in a prepared directory.
@@ -217,13 +265,16 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
     Raises:
       DataReadError: If an index disagrees with the files: a file in a
         prepared directory that its index does not list, another record count
-        or file size than listed, a `lengths.npy` of another length, or two
-        indexes with different tokenizers or vocabularies.
+        or file size than listed (for a flat shard, also of its offsets file),
+        a `lengths.npy` of another length, or two indexes with different
+        tokenizers, vocabularies or layouts.
     """
     indexes: dict[str, dict[str, Any] | None] = {}
     shards: dict[str, dict[str, dict[str, Any]]] = {}
     slices: list[tuple[str, int, int, int]] | None = []
-    for path, count in zip(files, record_counts, strict=True):
+    documents: list[int] = []
+    counts: Sequence[int | None] = record_counts or [None] * len(files)
+    for path, count in zip(files, counts, strict=True):
         directory = os.path.dirname(os.path.abspath(path))
         if directory not in indexes:
             indexes[directory] = index = read_index(directory)
@@ -242,21 +293,22 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
                 f"lists {len(listed)} shards: {shown}); it is left over from another run or "
                 f"put there by hand: move it out of the directory, or {_REWRITE_HINT}."
             )
-        if int(entry["documents"]) != int(count):
+        if count is not None and int(entry["documents"]) != int(count):
             raise DataReadError(
                 f"{path}: holds {count} records but {index_file} says it holds "
                 f"{entry['documents']} documents; the shard or the index is stale: "
                 f"{_REWRITE_HINT}."
             )
-        size = os.path.getsize(path)
-        if int(entry["bytes"]) != size:
-            raise DataReadError(
-                f"{path}: is {size} bytes but {index_file} says {entry['bytes']}; the shard "
-                f"was rewritten after the index: {_REWRITE_HINT}."
-            )
+        _check_size(path, int(entry["bytes"]), index_file)
+        if "offsets" in entry:
+            offsets = os.path.join(directory, entry["offsets"])
+            _check_size(offsets, int(entry["offsets_bytes"]), index_file)
+        documents.append(int(entry["documents"]))
         if slices is not None:
             lengths_file = os.path.join(directory, LENGTHS_FILE)
-            slices.append((lengths_file, entry["start"], int(count), int(entry["tokens"])))
+            slices.append(
+                (lengths_file, entry["start"], int(entry["documents"]), int(entry["tokens"]))
+            )
     prepared = {d: i for d, i in indexes.items() if i is not None}
     if not prepared:
         return None
@@ -265,6 +317,8 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
         d: {
             **{k: i[k] for k in ("vocab_size", "tokenizer_vocab_size", "eod_id")},
             "record_format": i.get("record_format", "tokens"),
+            "layout": i.get("layout", "array_record"),
+            "token_dtype": i.get("token_dtype"),
         }
         for d, i in prepared.items()
     }
@@ -272,10 +326,10 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
     for b, second in others:
         if second != first:
             raise DataReadError(
-                "the files come from prepared directories with different vocabularies: "
-                f"{os.path.join(a, INDEX_FILE)} has {first} but {os.path.join(b, INDEX_FILE)} "
-                f"has {second}; read them as separate datasets or prepare them with one "
-                "tokenizer."
+                "the files come from prepared directories with different vocabularies or "
+                f"layouts: {os.path.join(a, INDEX_FILE)} has {first} but "
+                f"{os.path.join(b, INDEX_FILE)} has {second}; read them as separate datasets "
+                "or prepare them alike."
             )
     index = prepared[a]
     return PreparedCorpus(
@@ -288,7 +342,25 @@ def prepared_corpus(files: Sequence[str], record_counts: Sequence[int]) -> Prepa
         eod_token=index.get("eod_token"),
         pad_token=index.get("pad_token"),
         record_format=index.get("record_format", "tokens"),
+        layout=index.get("layout", "array_record"),
+        token_dtype=index.get("token_dtype"),
+        documents=None if slices is None else tuple(documents),
     )
+
+
+def _check_size(path: str, listed: int, index_file: str) -> None:
+    """A listed file must have the size its index records (a `stat`, no read)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as error:
+        raise DataReadError(
+            f"{path}: is listed in {index_file} but cannot be found ({error}); {_REWRITE_HINT}."
+        ) from error
+    if size != listed:
+        raise DataReadError(
+            f"{path}: is {size} bytes but {index_file} says {listed}; the file was "
+            f"truncated or rewritten after the index: {_REWRITE_HINT}."
+        )
 
 
 def _check_lengths_file(directory: str, index: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -308,3 +380,70 @@ def _check_lengths_file(directory: str, index: dict[str, Any]) -> dict[str, dict
             f"{_REWRITE_HINT}."
         )
     return by_name
+
+
+def prepared_tokenizer(prepared: PreparedCorpus, tokenizer: Any, named: Any, who: str) -> Any:
+    """The tokenizer of prepared shards: the index's, or `tokenizer` if it is the same.
+
+    Token arrays prepared with a `vocab_size` beyond the recorded
+    tokenizer's hold ids that tokenizer did not make (another tokenizer's,
+    e.g. GPT-2's): they have no tokenizer unless one is named that covers
+    their vocabulary, so its end-of-document id is not forced on them.
+
+    Args:
+      prepared: The index of the shards.
+      tokenizer: The tokenizer argument the source was given (None: the index's).
+      named: That argument loaded (`get_tokenizer(tokenizer)`), or None.
+      who: The source's class name, which starts error messages.
+
+    Returns:
+      The tokenizer of the source's ids, or None when it has none.
+
+    Raises:
+      DataConfigError: If `tokenizer` differs from the one the shards were
+        made with (vocabulary size or end-of-document id), or is None and the
+        index's tokenizer file is not on this machine.
+    """
+    index_file = prepared.index_files[0]
+    # Text is always encoded by the recorded tokenizer, whatever the vocabulary.
+    if prepared.vocab_size > prepared.tokenizer_vocab_size and prepared.record_format == "tokens":
+        if tokenizer is None:
+            return None
+        assert named is not None
+        if int(named.vocab_size) < prepared.vocab_size:
+            raise DataConfigError(
+                f"{who}: tokenizer={spec_repr(tokenizer)} has "
+                f"{named.vocab_size} ids, fewer than the shards' vocab_size "
+                f"{prepared.vocab_size} (recorded in {index_file}); name the tokenizer "
+                "that made the ids, or None"
+            )
+        return named
+    told = "".join(
+        f", {key} {value!r}"
+        for key, value in (("eod_token", prepared.eod_token), ("pad_token", prepared.pad_token))
+        if value is not None
+    )
+    made_with = (
+        f"tokenizer={prepared.tokenizer!r} (vocab_size {prepared.tokenizer_vocab_size}, "
+        f"eod_id {prepared.eod_id}{told}, recorded in {index_file})"
+    )
+    if tokenizer is None:
+        if prepared.tokenizer != "byte" and not os.path.isfile(prepared.tokenizer):
+            raise DataConfigError(
+                f"{who}: the shards were prepared with {made_with}, which is "
+                "not a file on this machine; pass tokenizer= the path of a copy of it."
+            )
+        found = prepared.load_tokenizer()
+    else:
+        found = named
+        assert found is not None
+    if (int(found.vocab_size), int(found.eod_id)) != (
+        prepared.tokenizer_vocab_size,
+        prepared.eod_id,
+    ):
+        raise DataConfigError(
+            f"{who}: tokenizer={spec_repr(tokenizer)} (vocab_size "
+            f"{found.vocab_size}, eod_id {found.eod_id}) is not the tokenizer the shards "
+            f"were prepared with: {made_with}; pass that tokenizer, or None to use it."
+        )
+    return found
