@@ -79,7 +79,18 @@ def cpu_secs() -> float:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set of this process in MiB (Linux reports KiB)."""
+    """Peak resident set of this process in MiB: `VmHWM` of /proc/self/status.
+
+    Not `ru_maxrss`: Linux carries the parent's peak across fork and exec
+    into it, so every runner would report at least the harness's own peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
