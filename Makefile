@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test install lint clean demo
+.PHONY: test install lint clean demo bench-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,24 @@ demo: install
 	$(BIN)/python -m trainer_hooks.batch_log $(DEMO_DIR)
 	@echo "checkpoints: $(DEMO_DIR)/checkpoints  metrics: $(DEMO_DIR)/metrics.jsonl  batches: $(DEMO_DIR)/batches.jsonl"
 
+# The loaders bench/peers compares against live in their own venv, never in the
+# project's dependencies. Each peer is installed on its own, so one that fails is
+# reported (bench/peers then runs the others and names it as missing).
+PEERS_VENV := .venv-peers
+PEERS_BIN := $(PEERS_VENV)/bin
+PEERS := megatron-core==0.16.1 ai2-olmo-core mosaicml-streaming
+
+bench-peers:
+	test -x $(PEERS_BIN)/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_BIN)/pip install --quiet torch==2.13.0 psutil py-spy numpy
+	@for peer in $(PEERS); do \
+	  $(PEERS_BIN)/pip install --quiet torch==2.13.0 $$peer || echo "bench-peers: $$peer could not be installed"; \
+	done
+	$(PEERS_BIN)/python -m pip list 2>/dev/null | grep -iE '^(torch|megatron-core|ai2-olmo-core|mosaicml-streaming|psutil|numpy) '
+	@echo "peers venv ready: $(PEERS_VENV); run: $(BIN)/python -m bench.peers [--rounds=N] [--docs=N]"
+
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info $(DEMO_DIR)
+	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache build *.egg-info $(DEMO_DIR)

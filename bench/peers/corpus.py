@@ -1,0 +1,201 @@
+"""The documents every system reads, and how each system's copy of them is written.
+
+One set of documents (lognormal lengths, token ids in [2, 65536), end of
+document = 1) is drawn once with numpy and stored flat: `tokens.npy`
+(uint16, no end-of-document ids) and `offsets.npy` (int64, documents + 1
+entries). Every system's corpus is written from these same arrays:
+
+- ours with `xlstm_data.prepare.corpus.prepare_corpus` (what `xlstm-data
+  prepare` runs) from a Parquet file of token lists, so the bench reads
+  whatever storage layout `prepare` writes by default;
+- Megatron with `IndexedDatasetBuilder` (uint16, the end-of-document id
+  appended to each document, as `preprocess_data.py --append-eod`), written
+  by `run_megatron` in the peers' venv; OLMo-core reads the same `.bin`;
+- mosaicml-streaming as MDS shards of fixed 1024-token samples of the
+  concatenated stream (the llm-foundry `concat_tokens` layout), written by
+  `run_streaming`.
+
+Corpora are cached under the bench cache (`$XLSTM_DATA_BENCH_CACHE`) keyed by
+their parameters, each system's copy in its own subdirectory with a
+`done.json` written last, so an interrupted write is redone, never read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Token ids are < VOCAB_SIZE (uint16 everywhere); 0 pads, 1 ends a document.
+VOCAB_SIZE = 65536
+PAD_ID, EOD_ID = 0, 1
+#: Documents are drawn and written in chunks of this many.
+CHUNK_DOCUMENTS = 1 << 18
+
+
+@dataclasses.dataclass(frozen=True)
+class DocSpec:
+    """A set of lognormal-length documents.
+
+    Attributes:
+      name: Source name (mixture component).
+      documents: Number of documents.
+      mean_length: Mean length in tokens (before clipping).
+      sigma: Standard deviation of the log-length.
+      seed: Seed of lengths and tokens.
+      max_length: Longest document (the lognormal tail is clipped here).
+    """
+
+    name: str
+    documents: int
+    mean_length: float = 512.0
+    sigma: float = 1.0
+    seed: int = 0
+    max_length: int = 16384
+
+    def key(self) -> str:
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        return f"{self.name}-{self.documents}-{hashlib.sha1(blob).hexdigest()[:10]}"
+
+
+def root_dir() -> Path:
+    """Where the peers' corpora live (inside the bench cache)."""
+    from bench import common
+
+    return common.cache_dir() / "peers"
+
+
+def corpus_dir(spec: DocSpec) -> Path:
+    return root_dir() / spec.key()
+
+
+def is_done(directory: Path) -> bool:
+    return (directory / "done.json").exists()
+
+
+def mark_done(directory: Path, info: dict[str, Any]) -> None:
+    (directory / "done.json").write_text(json.dumps(info))
+
+
+def fresh_dir(directory: Path) -> Path:
+    """An empty `directory` (a half-written earlier attempt is removed)."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    return directory
+
+
+def write_documents(spec: DocSpec) -> Path:
+    """Draws the documents once (cached) and returns their directory (`docs/`)."""
+    directory = corpus_dir(spec) / "docs"
+    if is_done(directory):
+        return directory
+    fresh_dir(directory)
+    mu = np.log(spec.mean_length) - spec.sigma**2 / 2
+    lengths = np.empty(spec.documents, dtype=np.int64)
+    for first in range(0, spec.documents, CHUNK_DOCUMENTS):
+        count = min(CHUNK_DOCUMENTS, spec.documents - first)
+        rng = np.random.default_rng([spec.seed, 1, first])
+        drawn = rng.lognormal(mu, spec.sigma, count)
+        lengths[first : first + count] = np.clip(drawn, 1, spec.max_length).astype(np.int64)
+    offsets = np.zeros(spec.documents + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.lib.format.open_memmap(
+        directory / "tokens.npy", mode="w+", dtype=np.uint16, shape=(int(offsets[-1]),)
+    )
+    for first in range(0, spec.documents, CHUNK_DOCUMENTS):
+        last = min(first + CHUNK_DOCUMENTS, spec.documents)
+        begin, end = int(offsets[first]), int(offsets[last])
+        rng = np.random.default_rng([spec.seed, 2, first])
+        tokens[begin:end] = rng.integers(EOD_ID + 1, VOCAB_SIZE, end - begin, dtype=np.uint16)
+    tokens.flush()
+    del tokens
+    np.save(directory / "offsets.npy", offsets)
+    mark_done(directory, {"spec": dataclasses.asdict(spec), "tokens": int(offsets[-1])})
+    return directory
+
+
+def load_documents(docs: Path) -> tuple[np.ndarray, np.ndarray]:
+    """`(tokens, offsets)` of a documents directory; tokens memory-mapped."""
+    return np.load(docs / "tokens.npy", mmap_mode="r"), np.load(docs / "offsets.npy")
+
+
+def write_parquet(docs: Path, path: Path, rows_per_group: int = 1 << 16) -> Path:
+    """The documents as a Parquet file with one `tokens` list<uint16> column (prepare's input)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tokens, offsets = load_documents(docs)
+    schema = pa.schema([("tokens", pa.large_list(pa.uint16()))])
+    with pq.ParquetWriter(path, schema, compression="none") as writer:
+        for first in range(0, len(offsets) - 1, rows_per_group):
+            last = min(first + rows_per_group, len(offsets) - 1)
+            begin, end = int(offsets[first]), int(offsets[last])
+            values = pa.array(np.asarray(tokens[begin:end]), type=pa.uint16())
+            column = pa.LargeListArray.from_arrays(offsets[first : last + 1] - begin, values)
+            writer.write_table(pa.table({"tokens": column}, schema=schema))
+    return path
+
+
+def prepare_ours(docs: Path, output: Path) -> dict[str, Any]:
+    """Runs our `prepare` on the documents' Parquet file into `output` (must not exist).
+
+    Returns the prepare index and the seconds `prepare_corpus` took (the
+    Parquet file is written before the clock starts: it is the input).
+    """
+    import time
+
+    from xlstm_data.prepare.corpus import prepare_corpus
+
+    staging = output.parent / f".{output.name}-input"
+    fresh_dir(staging)
+    try:
+        parquet = write_parquet(docs, staging / "documents.parquet")
+        started = time.perf_counter()
+        index = prepare_corpus(
+            [str(parquet)],
+            str(output),
+            input_format="parquet",
+            field="tokens",
+            vocab_size=VOCAB_SIZE,
+        )
+        secs = time.perf_counter() - started
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {"index": index, "secs": secs}
+
+
+def write_ours(spec: DocSpec) -> Path:
+    """Our prepared copy of the documents (cached)."""
+    directory = corpus_dir(spec) / "ours"
+    if is_done(directory):
+        return directory
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    result = prepare_ours(write_documents(spec), directory)
+    mark_done(directory, {"prepare_secs": result["secs"]})
+    return directory
+
+
+def our_source(directory: Path | str) -> dict[str, Any]:
+    """The data-config source of a directory `prepare` wrote.
+
+    The shard files are found from the directory's `index.json`, so a change
+    of their names follows; a shard kind this function does not know is an
+    error asking to teach it (rather than silently measuring something else).
+    """
+    index = json.loads((Path(directory) / "index.json").read_text())
+    suffixes = {os.path.splitext(shard["file"])[1] for shard in index["shards"]}
+    if suffixes == {".array_record"}:
+        return {"kind": "array_record", "path": os.path.join(str(directory), "*.array_record")}
+    raise ValueError(
+        f"{directory}: prepare wrote shards {sorted(suffixes)}, which bench/peers/corpus.py "
+        "does not know how to read; add their source kind to our_source"
+    )

@@ -1,0 +1,146 @@
+"""Our system's runner (the project's venv): throughput, cold start and prepare.
+
+Measured on the user's path: the train iterator that
+`xlstm_data.iterators_from_config` builds from a data config naming the
+prepared directories (`path="iterator"`: global `jax.Array` batches on one
+CPU device, as a training loop gets them; tokens from the iterator's own
+`data_counters`). `path="host"` times the host pipeline inside that iterator
+instead (numpy batches before the device copy; tokens from each
+element's `source_tokens`, the count the iterator's counters add up), to
+show what the copy and the prefetch thread cost.
+
+    python -m bench.peers.run_ours TASK_JSON
+"""
+
+from __future__ import annotations
+
+import time
+
+_STARTED = time.perf_counter()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+from typing import Any  # noqa: E402
+
+from bench.peers import runner_util  # noqa: E402
+
+
+def data_config(task: dict[str, Any]) -> dict[str, Any]:
+    """The data section: our prepared sources, rows of 1024, host batch 8."""
+    from bench.peers.corpus import our_source
+
+    sources = task["sources"]
+    train = {}
+    for name, source in sources.items():
+        train[name] = our_source(source["dir"])
+        if len(sources) > 1:
+            train[name]["weight"] = source["weight"]
+    return {
+        "train": train,
+        "global_batch_size": task.get("batch_size", 8),
+        "max_target_length": task.get("seq_len", 1024),
+        "packing": task.get("packing", "best_fit"),
+        "worker_count": task.get("workers", 0),
+        "data_shuffle_seed": task.get("seed", 0),
+    }
+
+
+def build(task: dict[str, Any]) -> Any:
+    """The train iterator of the task's data config, on a mesh of the first CPU device."""
+    import jax
+    from absl import flags
+
+    import xlstm_data as xd
+
+    if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags
+        flags.FLAGS.mark_as_parsed()
+    mesh = xd.create_mesh("dp:1,fsdp:-1,tp:1,sp:1", devices=jax.devices()[:1])
+    train, evals = xd.iterators_from_config(data_config(task), mesh)
+    for iterator in evals.values():
+        iterator.close()
+    return train
+
+
+def _iterator_batches(train: Any):
+    import jax
+
+    while True:
+        before = train.data_counters.tokens
+        jax.block_until_ready(next(train))
+        yield train.data_counters.tokens - before
+
+
+def _host_batches(train: Any):
+    for element in train._pipeline(0, None):  # noqa: SLF001 - the host pipeline itself
+        yield int(element["source_tokens"].sum())
+
+
+def throughput(task: dict[str, Any]) -> dict[str, Any]:
+    train = build(task)
+    try:
+        batches = _host_batches(train) if task.get("path") == "host" else _iterator_batches(train)
+        profile = task.get("profile")
+        if profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        result = runner_util.time_batches(
+            batches, int, task["warmup"], task["timed"], task.get("warmup_secs", 0.0)
+        )
+        if profile:
+            profiler.disable()
+            profiler.dump_stats(profile)
+    finally:
+        train.close()
+    return result
+
+
+def cold_start(task: dict[str, Any]) -> dict[str, Any]:
+    """From nothing built to the first batch, in this fresh process (imports timed apart)."""
+    import jax  # noqa: F401 - imports are not part of the timed span
+
+    import xlstm_data  # noqa: F401
+
+    imported = time.perf_counter()
+    train = build(task)
+    built = time.perf_counter()
+    next(train)
+    first = time.perf_counter()
+    train.close()
+    return {
+        "import_secs": imported - _STARTED,
+        "build_secs": built - imported,
+        "first_batch_secs": first - imported,
+        "peak_rss_mb": runner_util.peak_rss_mb(),
+    }
+
+
+def prepare(task: dict[str, Any]) -> dict[str, Any]:
+    from pathlib import Path
+
+    from bench.peers.corpus import prepare_ours
+
+    result = prepare_ours(Path(task["docs"]), Path(task["output"]))
+    tokens = int(result["index"]["tokens"])
+    return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
+
+
+TASKS = {"throughput": throughput, "cold_start": cold_start, "prepare": prepare}
+
+
+def main() -> None:
+    task = runner_util.task_from_argv()
+    # Nothing cached between runs: a fresh lengths cache per process.
+    if task.get("cache_dir"):
+        os.environ["XLSTM_DATA_CACHE_DIR"] = task["cache_dir"]
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)
+    result = TASKS[task["task"]](task)
+    runner_util.emit(result)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

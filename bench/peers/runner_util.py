@@ -1,0 +1,137 @@
+"""What every system's runner shares: its task on argv, its result as one JSON line, clocks.
+
+The runners execute in different virtual environments (ours in the
+project's, the peers in `.venv-peers`), so this module needs only the
+standard library (psutil when present): it is imported by both sides.
+
+Protocol: a runner is started as `python -m bench.peers.run_<system> TASK_JSON`
+and ends by printing one line `RESULT_PREFIX + json` to stdout; anything
+else it prints (library logs, warnings) is kept by the harness only for a
+failure's message. A runner that cannot import its peer prints a result
+with `"missing": "<why>"` and exits 3, so the harness reports the peer as
+missing instead of failing the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+#: Marks the runner's result line among whatever else it prints.
+RESULT_PREFIX = "PEERS_RESULT "
+#: Exit status of a runner whose peer cannot be imported.
+MISSING_EXIT = 3
+
+
+def task_from_argv(argv: list[str] | None = None) -> dict[str, Any]:
+    """The task the harness passed as the first argument (a JSON object)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit(f"usage: python -m bench.peers.run_<system> TASK_JSON (got {argv!r})")
+    return json.loads(argv[0])
+
+
+def emit(result: Mapping[str, Any]) -> None:
+    """Prints the result line (flushed: a runner may end with `os._exit`)."""
+    sys.stdout.write(RESULT_PREFIX + json.dumps(dict(result)) + "\n")
+    sys.stdout.flush()
+
+
+def emit_missing(why: str) -> None:
+    """Reports that this runner's peer cannot be imported, and exits."""
+    emit({"missing": why})
+    os._exit(MISSING_EXIT)
+
+
+def parse_result(stdout: str) -> dict[str, Any] | None:
+    """The last result line of a runner's stdout, or None if it printed none."""
+    found = None
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            found = json.loads(line[len(RESULT_PREFIX) :])
+    return found
+
+
+def cpu_secs() -> float:
+    """CPU seconds of this process (all threads) and of its live children.
+
+    Children are read through psutil while they run (DataLoader and grain
+    workers are alive across a timed span, so `RUSAGE_CHILDREN`, which only
+    counts reaped children, would miss them).
+    """
+    try:
+        import psutil
+    except ImportError:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # ended between listing and reading
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set of this process in MiB: `VmHWM` of /proc/self/status.
+
+    Not `ru_maxrss`: Linux carries the parent's peak across fork and exec
+    into it, so every runner would report at least the harness's own peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_batches(
+    batches: Iterator[Any],
+    count: Callable[[Any], int],
+    warmup: int,
+    timed: int,
+    warmup_secs: float = 0.0,
+) -> dict[str, Any]:
+    """Skips `warmup` batches, then times `timed` more: tokens, wall and CPU seconds.
+
+    `count(batch)` gives the batch's non-padding tokens. The first batch is
+    timed on its own (it pays for opening files, building indexes and
+    starting workers), and is part of the warm-up. After it the runner
+    sleeps until `warmup_secs` have passed since the start, consuming
+    nothing: worker processes finish starting and fill their queues on every
+    system alike (a count of batches alone would time our worker start-up,
+    during which ours computes its first steps in the main process, but not
+    a DataLoader's, whose first batch already waited for its workers).
+    """
+    started = time.perf_counter()
+    first = next(batches)
+    first_batch_secs = time.perf_counter() - started
+    count(first)
+    time.sleep(max(warmup_secs - (time.perf_counter() - started), 0.0))
+    for _ in range(max(warmup - 1, 0)):
+        count(next(batches))
+    tokens = 0
+    cpu_before = cpu_secs()
+    began = time.perf_counter()
+    for _ in range(timed):
+        tokens += count(next(batches))
+    wall = time.perf_counter() - began
+    cpu = cpu_secs() - cpu_before
+    return {
+        "tokens": int(tokens),
+        "batches": int(timed),
+        "wall_secs": wall,
+        "cpu_secs": cpu,
+        "tokens_per_sec": tokens / wall if wall > 0 else 0.0,
+        "cpu_secs_per_mtoken": cpu / (tokens / 1e6) if tokens else 0.0,
+        "first_batch_secs": first_batch_secs,
+    }

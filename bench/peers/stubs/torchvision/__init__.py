@@ -1,0 +1,1 @@
+"""Stand-in torchvision for `import streaming` (see ../README.md); nothing here is used."""

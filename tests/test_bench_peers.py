@@ -1,0 +1,120 @@
+"""The peers benchmark's harness, without the peers (their venv is never needed here).
+
+The ratios, the alternation and the summary are checked on made-up results;
+one real run of the harness points it at a peers venv that does not exist,
+so every peer must be reported missing while our own runner measures a tiny
+prepared corpus in a subprocess, as in a real run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import common
+from bench.peers import __main__ as cli
+from bench.peers import corpus, harness, runner_util
+
+
+def test_rotation_pairs_and_summary():
+    assert harness.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert harness.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert harness.rotated([], 3) == []
+    # Rounds where either side failed (None) or the peer measured 0 are skipped.
+    ratios = harness.paired_ratios([2.0, None, 3.0, 4.0], [1.0, 1.0, 0.0, 8.0])
+    assert ratios == [2.0, 0.5]
+    stats = harness.summarize([3.0, 1.0, 2.0])
+    assert (stats["median"], stats["min"], stats["max"]) == (2.0, 1.0, 3.0)
+    assert harness.summarize([]) is None
+    assert harness.spread(stats) == "2.00 (1.00-3.00)"
+    assert harness.spread(None) == "-"
+
+
+def test_rounds_alternate_and_record_failures_and_missing_peers():
+    subjects = [
+        harness.Subject("ours", "ours", {"n": 1}),
+        harness.Subject("megatron", "megatron", {"n": 2}),
+        harness.Subject("olmo", "olmo", {"n": 3}),
+        harness.Subject("streaming", "streaming", {"n": 4}),
+    ]
+    order = []
+
+    def fake_run(runner, task, **kwargs):
+        order.append(runner)
+        if runner == "olmo" and len(order) > 3:
+            raise harness.RunnerFailed("boom")
+        return {"tokens_per_sec": 10.0 * task["n"]}
+
+    failures = []
+    results = harness.run_rounds(
+        subjects, 3, {"streaming": "not installed"}, failures, fake_run, "w0"
+    )
+    # The missing peer never runs; the others alternate, each round starting one later.
+    assert order == [
+        "ours",
+        "megatron",
+        "olmo",
+        "megatron",
+        "olmo",
+        "ours",
+        "olmo",
+        "ours",
+        "megatron",
+    ]
+    assert set(results) == {"ours", "megatron", "olmo"}
+    assert results["olmo"][0] == {"tokens_per_sec": 30.0}
+    assert results["olmo"][1:] == [None, None]
+    assert [(f["subject"], f["round"]) for f in failures] == [("olmo", 1), ("olmo", 2)]
+    ratio = harness._ratio(results, "ours", "olmo")  # noqa: SLF001
+    assert ratio["values"] == [pytest.approx(1 / 3)]
+    assert harness._ratio(results, "ours", "streaming") is None  # noqa: SLF001
+
+
+def test_targets_and_summary_rows():
+    ratios = {
+        "w0 ours_best_fit/megatron": harness.summarize([1.2, 0.9, 1.1]),
+        "w0 cpu ours_best_fit/megatron": harness.summarize([1.5]),
+        "prepare ours/megatron": harness.summarize([0.5]),
+        "w0 ours_best_fit/ours_best_fit_host": harness.summarize([0.8]),
+        "w2 ours_concat/olmo_fsl": None,
+    }
+    settings = harness.Settings.create(tiny=True)
+    found = {t["metric"]: t for t in harness.targets(ratios, settings)}
+    assert found["w0 ours_best_fit/megatron"]["met"] is True
+    assert found["w0 cpu ours_best_fit/megatron"]["met"] is False
+    assert found["prepare ours/megatron"]["met"] is False
+    assert "w2 ours_concat/olmo_fsl" not in found  # not measured: no target
+    rows = harness.summary_rows(
+        {"ratios": ratios, "targets": list(found.values()), "missing": {"olmo": "no venv"}}
+    )
+    assert ("w0 ours_best_fit/megatron", "1.10 (0.90-1.20)", ">= 1", "yes") in rows
+    assert ("w0 ours_best_fit/ours_best_fit_host", "0.80 (0.80-0.80)", "-", "-") in rows
+    assert rows[-1][0] == "olmo: missing"
+
+
+def test_result_line_protocol(capsys):
+    runner_util.emit({"tokens": 5})
+    printed = capsys.readouterr().out
+    assert runner_util.parse_result("log line\n" + printed + "more log\n") == {"tokens": 5}
+    assert runner_util.parse_result("nothing here\n") is None
+
+
+def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
+    """A full harness run with no peers venv: three peers missing, our rows measured."""
+    monkeypatch.setenv(harness.PEERS_VENV_ENV, str(tmp_path / "no-such-venv"))
+    monkeypatch.setenv(common.CACHE_ENV, str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    code = cli.main(["--tiny", "--docs=300", "--rounds=1", "--groups=w0", f"--out={out}"])
+    assert code == 0
+    result = json.loads((out / "peers.json").read_text())
+    assert set(result["missing"]) == {"megatron", "olmo", "streaming"}
+    assert "make bench-peers" in result["missing"]["megatron"]
+    rates = result["groups"]["w0"]["figures"]["tokens_per_sec"]
+    assert set(rates) == {"ours_best_fit", "ours_concat", "ours_best_fit_host"}
+    assert all(stats["median"] > 0 for stats in rates.values())
+    assert result["failures"] == []
+    assert result["targets"] == [] and result["met"] is None
+    # Ours was read from the directory our prepare wrote.
+    web = harness.Settings.create(tiny=True, docs=300).specs()["web"]
+    assert corpus.is_done(corpus.corpus_dir(web) / "ours")
