@@ -516,7 +516,7 @@ def our_host_dataset(iterator: Any, workers: int) -> Any:
     from xlstm_data.multihost.workers import prefetch_in_workers
     from xlstm_data.reading.row_assembly import fields_of
 
-    steps = iterator.host_batches().to_iter_dataset(grain.ReadOptions(num_threads=0))
+    steps = iterator.host_batches()
     if workers:
         options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=4)
         steps = prefetch_in_workers(steps, options)

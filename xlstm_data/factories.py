@@ -36,6 +36,8 @@ from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.plan.mixture import MixtureSchedule, parse_mixture_weights
 from xlstm_data.plan.spec import PlanSpec
+from xlstm_data.prepare import auto_index
+from xlstm_data.sources.array_record import ArrayRecordSource
 from xlstm_data.sources.base import TokenSource
 from xlstm_data.sources.in_memory import as_token_source
 from xlstm_data.sources.mapped import MappedSource, per_document_maps
@@ -179,6 +181,8 @@ def make_grain_llm_dataset(
     threads = check_int("read_threads", 0 if read_threads is None else read_threads, 0)
     maps = per_document_maps(operations)
     documents = as_token_source(dataset)
+    if isinstance(documents, ArrayRecordSource) and not maps:  # shards made elsewhere
+        documents = auto_index.with_lengths("dataset", documents, _reopener(documents))
     if maps or not (isinstance(documents, TokenSource) and documents.has_lengths()):
         documents = MappedSource(documents, maps, name="dataset")
     eod = resolve_eod_token_id(eod_token_id, {"dataset": documents}, key="eod_token_id", fallback=0)
@@ -197,6 +201,20 @@ def make_grain_llm_dataset(
         operations=tuple(type(op).__qualname__ for op in maps),
         read_threads=threads,
     )
+
+
+def _reopener(source: ArrayRecordSource) -> Any:
+    """Opens `source`'s shards again, as it was opened (after an index was written)."""
+
+    def reopen() -> ArrayRecordSource:
+        return ArrayRecordSource(
+            source.files,
+            source.record_format,
+            tokenizer=source.tokenizer,
+            vocab_size=source.vocab_size,
+        )
+
+    return reopen
 
 
 def _unused(argument: str, value: Any, why: str) -> None:

@@ -27,6 +27,8 @@ from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.spec import PlanSpec
+from xlstm_data.prepare import auto_index
+from xlstm_data.sources.array_record import ArrayRecordSource
 
 
 def train_plan_spec(cfg: DataConfig) -> PlanSpec:
@@ -263,7 +265,11 @@ def check_layout_divides(
 
 
 def _open(key: str, spec: SourceConfig) -> Any:
+    """Opens one source; ArrayRecord shards made elsewhere get their lengths counted once."""
     try:
-        return spec.build()
+        source = spec.build()
+        if isinstance(source, ArrayRecordSource):
+            source = auto_index.with_lengths(key, source, spec.build)
+        return source
     except (DataConfigError, DataReadError) as error:
         raise type(error)(f"{key} (kind {spec.kind!r}): {error}") from error

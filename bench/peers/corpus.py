@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -192,10 +191,10 @@ def our_source(directory: Path | str) -> dict[str, Any]:
     error asking to teach it (rather than silently measuring something else).
     """
     index = json.loads((Path(directory) / "index.json").read_text())
-    suffixes = {os.path.splitext(shard["file"])[1] for shard in index["shards"]}
-    if suffixes == {".array_record"}:
-        return {"kind": "array_record", "path": os.path.join(str(directory), "*.array_record")}
+    layout = index.get("layout", "array_record")
+    if layout in ("flat", "array_record"):  # a prepared directory opens in either layout
+        return {"kind": "array_record", "path": str(directory)}
     raise ValueError(
-        f"{directory}: prepare wrote shards {sorted(suffixes)}, which bench/peers/corpus.py "
+        f"{directory}: prepare wrote shards of layout {layout!r}, which bench/peers/corpus.py "
         "does not know how to read; add their source kind to our_source"
     )

@@ -71,7 +71,7 @@ def _iterator_batches(train: Any):
 
 
 def _host_batches(train: Any):
-    for element in train._pipeline(0, None):  # noqa: SLF001 - the host pipeline itself
+    for element in train.host_batches():  # the host pipeline itself, in this process
         yield int(element["source_tokens"].sum())
 
 

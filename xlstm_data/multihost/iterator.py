@@ -179,8 +179,16 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
     # Host pipeline -------------------------------------------------------------
 
-    def host_batches(self, step: int = 0, cursor: Cursor | None = None) -> PlannedBatchDataset:
-        """This data host's steps from `step` (elements as `PlannedBatchDataset` gives them)."""
+    def host_batches(self, step: int = 0, cursor: Cursor | None = None) -> grain.IterDataset:
+        """This data host's steps from `step`, in order, in this process (for benchmarks).
+
+        Elements are as `PlannedBatchDataset` gives them (`fields_of(e["fields"])`
+        are the batch's fields). Read in order by one thread: the host planner
+        walks the plan forward.
+        """
+        return self._planned(step, cursor).to_iter_dataset(grain.ReadOptions(num_threads=0))
+
+    def _planned(self, step: int, cursor: Cursor | None) -> PlannedBatchDataset:
         return PlannedBatchDataset(
             self.plan,
             self._plan_sources,
@@ -204,7 +212,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         steps, bench/plan_mixture), with this many 0.02 s.
         """
         read = grain.ReadOptions(num_threads=0)
-        batches = self.host_batches(step, cursor)
+        batches = self._planned(step, cursor)
         handover = min(2 * self.worker_count * self._worker_buffer_size, len(batches))
         if self.worker_count == 0 or handover == len(batches):
             return WorkerHandover(iter(batches.to_iter_dataset(read)))
@@ -212,7 +220,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             num_workers=self.worker_count, per_worker_buffer_size=self._worker_buffer_size
         )
         # Each worker walks the plan from the cursor to its own steps.
-        later = self.host_batches(step + handover, cursor).to_iter_dataset(read)
+        later = self._planned(step + handover, cursor).to_iter_dataset(read)
         return WorkerHandover(
             iter(batches[:handover].to_iter_dataset(read)), prefetch_in_workers(later, options)
         )

@@ -100,30 +100,10 @@ def index_shards(
       DataReadError: On a record that is not what `record_format` says or holds
         an id outside the vocabulary (shard and record named).
     """
-    if record_format not in RECORD_FORMATS:
-        raise DataConfigError(
-            f"--record_format={record_format!r} is invalid; valid formats: {list(RECORD_FORMATS)}"
-        )
-    check_int("--workers", workers, 1)
-    settings = PrepareSettings.create(
-        tokenizer=tokenizer, eod_token=eod_token, pad_token=pad_token, vocab_size=vocab_size
+    files, jobs, settings = _jobs(
+        patterns, record_format, tokenizer, vocab_size, eod_token, pad_token, workers
     )
-    files = _shard_files(patterns)
     directory = paths.parent(files[0])
-    for path in files:
-        if not paths.is_uri(path):  # a remote shard is checked where it is copied down
-            _check_array_record(path, path)
-    jobs = [
-        _Job(
-            path=paths.absolute(path),
-            record_format=record_format,
-            tokenizer=settings.tokenizer,
-            eod_token=settings.eod_token,
-            pad_token=settings.pad_token,
-            vocab_size=settings.vocab_size,
-        )
-        for path in files
-    ]
     entries: list[dict[str, Any]] = [{}] * len(jobs)
     # Each shard's lengths wait on local disk, not in memory: 4 GB at 10^9 documents.
     with tempfile.TemporaryDirectory(prefix="xlstm-data-index-") as scratch:
@@ -161,6 +141,69 @@ def index_shards(
         directory,
     )
     return index
+
+
+def _jobs(
+    patterns: str | Sequence[str],
+    record_format: str,
+    tokenizer: str,
+    vocab_size: int | None,
+    eod_token: str | None,
+    pad_token: str | None,
+    workers: int,
+) -> tuple[list[str], list[_Job], PrepareSettings]:
+    """The shard files, one counting job each and the settings, checked before any read."""
+    if record_format not in RECORD_FORMATS:
+        raise DataConfigError(
+            f"--record_format={record_format!r} is invalid; valid formats: {list(RECORD_FORMATS)}"
+        )
+    check_int("--workers", workers, 1)
+    settings = PrepareSettings.create(
+        tokenizer=tokenizer, eod_token=eod_token, pad_token=pad_token, vocab_size=vocab_size
+    )
+    files = _shard_files(patterns)
+    for path in files:
+        if not paths.is_uri(path):  # a remote shard is checked where it is copied down
+            _check_array_record(path, path)
+    jobs = [
+        _Job(
+            path=paths.absolute(path),
+            record_format=record_format,
+            tokenizer=settings.tokenizer,
+            eod_token=settings.eod_token,
+            pad_token=settings.pad_token,
+            vocab_size=settings.vocab_size,
+        )
+        for path in files
+    ]
+    return files, jobs, settings
+
+
+def count_lengths(
+    patterns: str | Sequence[str],
+    *,
+    record_format: str = "tokens",
+    tokenizer: str = "byte",
+    vocab_size: int | None = None,
+    eod_token: str | None = None,
+    pad_token: str | None = None,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> np.ndarray:
+    """Every document's length in the shards, as `index_shards` counts them, writing nothing.
+
+    For shards whose directory cannot be written (see `auto_index`); the
+    arguments are `index_shards`'.
+    """
+    files, jobs, _ = _jobs(
+        patterns, record_format, tokenizer, vocab_size, eod_token, pad_token, workers
+    )
+    counted: list[np.ndarray] = [np.zeros(0, np.int64)] * len(jobs)
+    for done, (number, lengths) in enumerate(_counted(jobs, workers), 1):
+        counted[number] = lengths.astype(np.int64)
+        if progress:
+            progress(done, len(jobs), {"file": paths.basename(files[number])})
+    return np.concatenate(counted)
 
 
 def _shard_files(patterns: str | Sequence[str]) -> list[str]:
