@@ -36,7 +36,7 @@ from jax.sharding import Mesh
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, count_batch
-from xlstm_data.multihost.global_arrays import form_global_batch
+from xlstm_data.multihost.global_arrays import form_global_fields
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.plan_state import (
     PLAN_STATE_KIND,
@@ -59,7 +59,7 @@ from xlstm_data.plan.mixture import (
 )
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
-from xlstm_data.reading.row_assembly import fields_of
+from xlstm_data.reading.row_assembly import FIELDS, fields_of
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
 
@@ -258,7 +258,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         host = fields_of(block)
         documents, split = (int(v) for v in element["piece_counts"])
         counts = count_batch(host, element["source_tokens"], documents, split)
-        device = form_global_batch(host, self.sharding, self.layout.host_count)
+        device = form_global_fields(block, FIELDS, self.sharding, self.layout.host_count)
         cursor = [int(v) for v in element["cursor"]]
         position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
         return _Prefetched(host, device, position, counts)
