@@ -86,6 +86,12 @@ COVERED_BY = {
     BENCH_CONFIG: "tests.test_documented_commands::test_readme_inspect_and_bench_commands",
     MULTIHOST: "tests.test_documented_commands::test_readme_multihost_command_on_4_processes",
     ADAPTIVE_TRAIN: "tests.test_documented_commands::test_readme_adaptive_mixture_command",
+    # Installing the peers takes 2 GB and the network: CI checks the recipe (make -n).
+    "make bench-peers": "tests.test_documented_commands::test_make_bench_peers_recipe",
+    (
+        ".venv/bin/python -m bench.peers [--tiny] [--rounds N] [--docs N] [--out DIR] "
+        "[--cold_10m] [--profile]"
+    ): "tests.test_bench_peers::test_missing_peers_are_reported_and_ours_still_runs",
     "python -m bench.run [NAME ...] [--tiny] [--out=DIR]": (
         "tests.test_cli::test_bench_tiny_through_the_console_script"
     ),
@@ -133,6 +139,16 @@ def test_every_documented_command_is_covered():
         if "::" in covered_by:
             module, test = covered_by.split("::")
             assert hasattr(importlib.import_module(module), test), covered_by
+
+
+def test_make_bench_peers_recipe():
+    """`make bench-peers` installs the pinned peers into their own venv, never the project's."""
+    recipe = subprocess.run(
+        ["make", "-n", "bench-peers"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    for pinned in ("torch==2.13.0", "megatron-core==0.16.1", "ai2-olmo-core", "mosaicml-streaming"):
+        assert pinned in recipe, recipe
+    assert ".venv-peers/bin/pip install" in recipe and ".venv/bin/pip" not in recipe
 
 
 def test_readme_prepare_command(tmp_path):

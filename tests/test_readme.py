@@ -109,9 +109,9 @@ def run_block(
 def test_readme_example_runs(capsys):
     namespace: dict = {}
     exec(compile(BLOCKS[0], str(README), "exec"), namespace)  # noqa: S102
-    assert namespace["batch"].inputs.shape == (32, 512)
+    assert namespace["batch"].inputs.shape == (48, 512)
     assert namespace["state"]["step"] == 1
-    assert "(32, 512)" in capsys.readouterr().out
+    assert "(48, 512)" in capsys.readouterr().out
     namespace["iterator"].close()
 
 
@@ -132,7 +132,7 @@ def run_plain_script(block: str, tmp_path: Path, devices: int) -> str:
 
 
 def test_readme_first_example_runs_in_a_plain_script_on_8_devices(tmp_path):
-    assert "(64, 512)" in run_plain_script(BLOCKS[0], tmp_path, devices=8)
+    assert "(48, 512)" in run_plain_script(BLOCKS[0], tmp_path, devices=8)
 
 
 def hooks_example(workdir: Path, steps_per_run: int = 10) -> str:

@@ -35,8 +35,14 @@ PROGRESS_SECONDS = 10.0
 
 
 def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
-    """The `xlstm-data index --tokenizer` value that makes `tokenizer`, or None if none does."""
-    if tokenizer is None or type(tokenizer) is ByteTokenizer:
+    """The `xlstm-data index --tokenizer` value that makes `tokenizer`, or None if none does.
+
+    Token shards read without a tokenizer name no vocabulary to check their
+    ids against, so no index can be written for them: None.
+    """
+    if tokenizer is None:
+        return None
+    if type(tokenizer) is ByteTokenizer:
         return "byte"
     if type(tokenizer) is HFTokenizer:
         return tokenizer.path
@@ -59,9 +65,9 @@ def with_lengths(
       workers: Processes counting shards (default: one per core).
 
     Returns:
-      A source that knows its lengths, or `source` itself when the tokenizer
-      cannot be named for the counting processes (a custom object): its
-      lengths are then counted by `MappedSource` in this process.
+      A source that knows its lengths, or `source` itself when no tokenizer
+      can be named for the counting processes (none, or a custom object):
+      the factories then count its lengths with `MappedSource` in this process.
     """
     if source.has_lengths():
         return source
