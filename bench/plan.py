@@ -52,7 +52,7 @@ def _synthetic_lengths(documents: int) -> np.ndarray:
 def _resume_secs(plan: GlobalPlan, step: int, repeats: int) -> dict[str, Any]:
     rows = plan.spec.batch.examples_seen(step)
     documents = rows * SEQ_LEN * 0.98 / float(plan.mean_tokens[0])
-    cursor = Cursor(step, 0, (int(documents // 2048) * 2048,), (0,), (0,))
+    cursor = Cursor(step, 0, (int(documents // 2048) * 2048,), (0,), (0,), (0,))
     times = []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -158,17 +158,20 @@ def test_no_piece_is_served_twice_before_its_epoch_is_complete(drawn):
                 continue
             source = int(pieces.source[lo])
             assert (pieces.source[lo:hi] == source).all(), "a row mixes sources"
-            counts = served[source]
-            np.add.at(counts, pieces.document[lo:hi], pieces.stop[lo:hi] - pieces.start[lo:hi])
-            size = sizes[source]
+            counts, size = served[source], sizes[source]
             real = size > 0
-            limit = (epochs[source] + 1) * size
-            over = np.flatnonzero(real & (counts > limit))
-            assert not len(over), (
-                f"step {step} row {row}: {spec.names[source]} document {over[0]} served again "
-                f"before epoch {epochs[source]} was complete"
-            )
-            epochs[source] = int((counts[real] // size[real]).min())
+            # Piece by piece: a concat row ending an epoch goes on into the next one.
+            for document, taken in zip(
+                pieces.document[lo:hi].tolist(),
+                (pieces.stop[lo:hi] - pieces.start[lo:hi]).tolist(),
+                strict=True,
+            ):
+                counts[document] += taken
+                assert counts[document] <= (epochs[source] + 1) * size[document], (
+                    f"step {step} row {row}: {spec.names[source]} document {document} served "
+                    f"again before epoch {epochs[source]} was complete"
+                )
+                epochs[source] = int((counts[real] // size[real]).min())
 
 
 def test_a_source_smaller_than_a_block_is_served_once_per_epoch():
@@ -240,3 +243,53 @@ def test_an_eval_pass_is_dense_ordered_and_serves_every_token_once():
         assert batches[0].row_list(0)[0][1] == 0  # the pass opens with the first document
         firsts = [int(p.document[p.start == 0].min()) for p in batches if (p.start == 0).any()]
         assert firsts == sorted(firsts)  # documents begin in corpus order
+
+
+@SETTINGS
+@given(
+    corpora(max_documents=2000),
+    st.sampled_from([1, 3, 7, 64, 2048]),
+    st.sampled_from([None, 1, 2]),
+    st.sampled_from([1, 2, 4]),
+    st.booleans(),
+    st.integers(0, 1000),
+)
+def test_concat_fills_every_row_but_at_the_end_of_a_finite_run(
+    drawn, block_documents, num_epochs, hosts, shift_target, seed
+):
+    """Every concat row is full (blocks complete their last row from the next documents).
+
+    Endless runs check 120 steps; a finite run of one source checks every
+    step: every row is full but in the last step, and every example position
+    of every document is served exactly once per epoch.
+    """
+    row_length, lengths = drawn
+    lengths = lengths[:1] if num_epochs is not None else lengths
+    names = NAMES[: len(lengths)]
+    spec = PlanSpec(
+        names=names,
+        mixture=parse_mixture_schedule([[0, dict.fromkeys(names, 1)]], names, {}),
+        mixture_unit="tokens",
+        row_length=row_length,
+        packing="concat",
+        shift=True,
+        shift_target=shift_target,
+        seed=seed,
+        shuffle=True,
+        batch=BatchSizeSchedule(4 * hosts, None),
+        block_documents=block_documents,
+        num_epochs=num_epochs,
+        drop_remainder=False,
+    )
+    plan = GlobalPlan(spec, lengths)
+    steps = 120 if num_epochs is None else plan.num_steps()
+    batches = _walk(plan, hosts, steps)
+    for step, pieces in enumerate(batches[:-1] if num_epochs else batches):
+        filled = np.add.reduceat(pieces.stop - pieces.start, pieces.row_offsets[:-1])
+        assert (np.diff(pieces.row_offsets) > 0).all() and (filled == row_length).all(), step
+    if num_epochs is not None:
+        sizes = example_tokens(lengths[0], True, shift_target)
+        served = np.zeros(len(sizes), dtype=np.int64)
+        for pieces in batches:
+            np.add.at(served, pieces.document, pieces.stop - pieces.start)
+        np.testing.assert_array_equal(served, num_epochs * sizes)

@@ -119,7 +119,7 @@ def test_a_position_from_another_plan_is_refused():
             other.set_state(state)
         with pytest.raises(DataCheckpointError, match="streaming pipeline"):
             other.set_state({"format_version": 1, "step": 3})
-        with pytest.raises(DataCheckpointError, match="plan state format 3; .* reads format 4"):
+        with pytest.raises(DataCheckpointError, match="plan state format 3; .* reads format 5"):
             other.set_state(dict(state, format_version=3))
     finally:
         other.close()

@@ -72,5 +72,43 @@ def test_state_is_json_and_records_the_step():
     next(iterator)
     next(iterator)
     state = json.loads(json.dumps(iterator.get_state()))
-    assert state["step"] == 2 and state["format_version"] == 4 and state["kind"] == "plan"
+    assert state["step"] == 2 and state["format_version"] == 5 and state["kind"] == "plan"
     assert state["process_count"] == 1 and state["data_host_count"] == 1
+
+
+def _as_format_4(state: dict) -> dict:
+    """A format-5 state written as format 4 did: no per-source `offset` in the cursor."""
+    sources = len(state["sources"])
+    return {**state, "format_version": 4, "cursor": state["cursor"][: 2 + 3 * sources]}
+
+
+def test_a_format_4_position_resumes_where_its_cursor_had_no_offset():
+    """Format 5 added the concat offset; without concat it is always 0, so format 4 reads on."""
+    mesh = xd.create_mesh()
+    reference = _iterator(mesh, packing=True, worker_count=0)
+    for _ in range(3):
+        next(reference)
+    state = reference.get_state()
+    expected = [to_numpy(next(reference)) for _ in range(3)]
+    reference.close()
+    restored = _iterator(mesh, packing=True, worker_count=0)
+    restored.set_state(_as_format_4(state))
+    for batch in expected:
+        assert_batches_equal(next(restored), batch)
+    restored.close()
+
+
+def test_a_format_4_concat_position_is_refused_by_name():
+    cfg = {
+        "train": {"t": {"kind": "synthetic", "num_documents": 50, "mean_length": 40}},
+        "global_batch_size": 4,
+        "max_target_length": 16,
+        "packing": "concat",
+    }
+    mesh = xd.create_mesh()
+    train, _ = xd.iterators_from_config(cfg, mesh)
+    next(train)
+    state = train.get_state()
+    with pytest.raises(xd.DataCheckpointError, match="format 4 without data.packing='concat'"):
+        train.set_state(_as_format_4(state))
+    train.close()

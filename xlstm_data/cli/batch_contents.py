@@ -29,6 +29,7 @@ from xlstm_data.config.fingerprint import (
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.from_config import TrainPlan, open_train_plan
 from xlstm_data.multihost.plan_state import (
+    check_state_format,
     cursor_by_name,
     merge_plan_states,
     saved_data_step,
@@ -75,9 +76,11 @@ class SavedRun:
             target[parts[-1]] = value
         return nested
 
-    def cursor(self, names: Sequence[str]) -> Cursor:
+    def cursor(self, plan: GlobalPlan) -> Cursor:
         """The plan's cursor, checked against all processes' files."""
-        return Cursor.from_list(cursor_by_name(merge_plan_states(self.states, 0), names))
+        merged = merge_plan_states(self.states, 0)
+        check_state_format(merged, plan.spec.packing)
+        return Cursor.from_list(cursor_by_name(merged, plan.spec.names))
 
     def with_mixture_updates(self, plan: GlobalPlan) -> GlobalPlan:
         """`plan` with the run's online mixture updates (`set_mixture`) laid over its stages."""
@@ -188,7 +191,7 @@ def list_rows(
     if same:
         plan = saved.with_mixture_updates(plan)
         if skips.data_step(steps.start) >= saved.data_step:
-            cursor = saved.cursor(plan.spec.names)
+            cursor = saved.cursor(plan)
     return list(step_rows(plan, steps, skips=skips, hosts=processes, cursor=cursor))
 
 

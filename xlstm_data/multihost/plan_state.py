@@ -19,22 +19,33 @@ from xlstm_data.errors import DataCheckpointError
 from xlstm_data.plan.global_plan import HEADER_FIELDS, PER_SOURCE_FIELDS
 
 #: Version of the planned state record; bump on format changes.
-PLAN_STATE_VERSION = 4
+PLAN_STATE_VERSION = 5
 PLAN_STATE_KIND = "plan"
+#: Format 4 cursors lack the per-source `offset` of format 5 (a `concat` block
+#: completing its last row from the next documents): they read as offset 0,
+#: which is exact for every packing but `concat`, whose blocks it changed.
+_FORMAT_4 = 4
 
 
 def is_plan_state(state: Mapping[str, Any]) -> bool:
     return state.get("kind") == PLAN_STATE_KIND
 
 
-def check_state_format(state: Mapping[str, Any]) -> None:
-    """Refuses a position this version cannot continue, saying what to do instead."""
-    if is_plan_state(state) and state.get("format_version") != PLAN_STATE_VERSION:
+def check_state_format(state: Mapping[str, Any], packing: str) -> None:
+    """Refuses a position this version cannot continue, saying what to do instead.
+
+    Args:
+      state: The saved position.
+      packing: The plan's `data.packing` (format 4 continues only without `concat`).
+    """
+    version = state.get("format_version")
+    readable = version == PLAN_STATE_VERSION or (version == _FORMAT_4 and packing != "concat")
+    if is_plan_state(state) and not readable:
         raise DataCheckpointError(
-            f"the data position was saved in plan state format "
-            f"{state.get('format_version')!r}; this version reads format "
-            f"{PLAN_STATE_VERSION} only (format 3 added the rest of a document cut at a "
-            "mixture stage boundary to each cursor). Resume with the xlstm-data version "
+            f"the data position was saved in plan state format {version!r}; this version "
+            f"reads format {PLAN_STATE_VERSION}, and format {_FORMAT_4} without "
+            "data.packing='concat' (format 5 fills every concat row from the next "
+            "documents, so concat plans differ). Resume with the xlstm-data version "
             "that saved it, or restore the model only and restart the data deliberately "
             "(--start_data_fresh)"
         )
@@ -94,7 +105,8 @@ def cursor_by_name(state: Mapping[str, Any], names: Sequence[str]) -> list[int]:
     """
     saved = list(state.get("sources") or names)
     values = list(state["cursor"])
-    width = HEADER_FIELDS + len(PER_SOURCE_FIELDS) * len(saved)
+    fields = len(PER_SOURCE_FIELDS) - int(state.get("format_version") == _FORMAT_4)
+    width = HEADER_FIELDS + fields * len(saved)
     if len(values) != width:
         raise DataCheckpointError(
             f"the saved data cursor holds {len(values)} values, not {width} for the datasets "
@@ -103,7 +115,8 @@ def cursor_by_name(state: Mapping[str, Any], names: Sequence[str]) -> list[int]:
     remapped = values[:HEADER_FIELDS]
     for f, (_, default) in enumerate(PER_SOURCE_FIELDS):
         start = HEADER_FIELDS + f * len(saved)
-        by_name = dict(zip(saved, values[start : start + len(saved)], strict=True))
+        held = values[start : start + len(saved)] if f < fields else [default] * len(saved)
+        by_name = dict(zip(saved, held, strict=True))
         remapped += [by_name.get(name, default) for name in names]
     added, dropped = sorted(set(names) - set(saved)), sorted(set(saved) - set(names))
     if added or dropped:

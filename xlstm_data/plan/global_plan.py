@@ -39,10 +39,15 @@ from xlstm_data.plan.spec import PlanSpec
 #: 1024, host batch 8). Counted globally, so a first batch never waits for
 #: many steps of a large world.
 WINDOW_ROWS = 1024
+#: The first window after a (re)start plans this many rows (at least a step),
+#: and each next one twice as many up to `WINDOW_ROWS`: a first batch of 8
+#: rows no longer waits for 1,024 rows of packing (8 blocks of 2,048
+#: documents of 64 tokens, most of a cold start's first batch).
+FIRST_WINDOW_ROWS = 16
 
 #: The per-source fields of a cursor's list form, in order, with their value
 #: for a source the cursor does not know (a dataset added on resume).
-PER_SOURCE_FIELDS = (("position", 0), ("row", 0), ("served", 0))
+PER_SOURCE_FIELDS = (("position", 0), ("row", 0), ("served", 0), ("offset", 0))
 #: Values before the per-source fields: step, stage start.
 HEADER_FIELDS = 2
 
@@ -57,6 +62,8 @@ class Cursor:
       position: Per source, the start of the block its next row is in.
       row: Per source, rows of that block already served.
       served: Per source, units (tokens or documents) served since `stage_start`.
+      offset: Per source, example positions of the document at `position` that
+        the block before took (`concat` completes its last row with them).
     """
 
     step: int
@@ -64,9 +71,17 @@ class Cursor:
     position: tuple[int, ...]
     row: tuple[int, ...]
     served: tuple[int, ...]
+    offset: tuple[int, ...]
 
     def to_list(self) -> list[int]:
-        return [self.step, self.stage_start, *self.position, *self.row, *self.served]
+        return [
+            self.step,
+            self.stage_start,
+            *self.position,
+            *self.row,
+            *self.served,
+            *self.offset,
+        ]
 
     @classmethod
     def from_list(cls, values: Sequence[int]) -> Cursor:
@@ -152,7 +167,7 @@ class GlobalPlan:
 
     def start_cursor(self) -> Cursor:
         n = len(self.spec.names)
-        return Cursor(0, 0, (0,) * n, (0,) * n, (0,) * n)
+        return Cursor(0, 0, (0,) * n, (0,) * n, (0,) * n, (0,) * n)
 
     def stage_start_at(self, step: int) -> int:
         mixture = self.spec.mixture
@@ -167,11 +182,11 @@ class GlobalPlan:
         if self._total_rows is None:
             total = 0
             for rows in self.sources:
-                start = 0
+                start, offset = 0, 0
                 while not rows.ended(start):
-                    block = rows.block(start)
+                    block = rows.block(start, offset)
                     total += block.pieces.rows
-                    start = block.end
+                    start, offset = block.end, block.end_offset
             self._total_rows = total
         return self._total_rows
 
@@ -212,7 +227,7 @@ class StepWalker:
     def __init__(self, plan: GlobalPlan, cursor: Cursor):
         self.plan = plan
         self.walkers = [
-            RowWalker(rows, cursor.position[i], cursor.row[i])
+            RowWalker(rows, cursor.position[i], cursor.offset[i], cursor.row[i])
             for i, rows in enumerate(plan.sources)
         ]
         self.start = cursor
@@ -278,9 +293,10 @@ class StepWalker:
         return Cursor(
             step,
             window.stage_start,
-            tuple(p for p, _ in positions),
-            tuple(r for _, r in positions),
+            tuple(p for p, _, _ in positions),
+            tuple(r for _, _, r in positions),
             tuple(int(v) for v in window.served[k]),
+            tuple(o for _, o, _ in positions),
         )
 
     def host_pieces(self, window: _Window, lo: int, count: int) -> Pieces:
@@ -335,6 +351,7 @@ class HostPlanner:
         self.host_count = host_count
         self._walker = StepWalker(plan, cursor or plan.start_cursor())
         self._current: _HostWindow | None = None
+        self._window_rows = max(1, FIRST_WINDOW_ROWS // 2)  # rows of the last window planned
 
     def host_rows(self, step: int) -> tuple[int, int]:
         """`(first global row, rows)` of this host at `step`."""
@@ -356,7 +373,8 @@ class HostPlanner:
                 if step < end or (end_inclusive and step == end):
                     return current
             lo, count = self.host_rows(self._walker.next_step)
-            window = self._walker.window(WINDOW_ROWS)
+            self._window_rows = min(2 * self._window_rows, WINDOW_ROWS)
+            window = self._walker.window(self._window_rows)
             pieces = self._walker.host_pieces(window, lo, count)
             current = self._current = _HostWindow(window, count, pieces)
 

@@ -9,8 +9,9 @@ Modes (`data.packing`):
 - `first_fit`: the same pieces, each into the first row with room, in block
   order (the reference pipeline's packer, without its bounded bin count).
 - `concat`: the block's documents concatenated and cut at row boundaries, as
-  Megatron does: every row full but the block's last; documents are cut
-  anywhere, and segment ids still mark them.
+  Megatron does; documents are cut anywhere, and segment ids still mark them.
+  `source_rows` completes each block's last row from the documents after it,
+  so every row is full but at the end of a finite run.
 - `none`: one piece per row, padded.
 
 No token is ever dropped: every example position of every document lands in

@@ -9,11 +9,20 @@ fill a step. So:
 
 - a block never mixes two epochs: every piece of epoch e of a source is
   served before any piece of epoch e + 1 (blocks larger than an epoch used to
-  wrap into the next one and repeat documents inside an epoch);
+  wrap into the next one and repeat documents inside an epoch); with
+  `concat` only the block's last row reaches on into the following documents,
+  whatever their epoch, so that every row is full (below);
 - which rows a source's documents make never depends on the weights, so a
   mixture stage (or an online update) changes only which rows come when.
 
-A position in the sequence is `(block start, rows taken of that block)`.
+With `concat`, a block's last row is completed from the documents after the
+block, the last of them cut where the row ends; the next block starts at that
+document, `offset` example positions in. Rows are then full everywhere but
+at the end of a finite run, as in Megatron's concatenated stream, where a
+block-sized cut used to leave one part-filled row per block.
+
+A position in the sequence is `(block start, offset into its first document,
+rows taken of that block)`.
 """
 
 from __future__ import annotations
@@ -36,14 +45,18 @@ class Block:
 
     Attributes:
       start: Its first position in the source's sequence.
-      end: One past its last position (the next block's start).
+      offset: Example positions of the document at `start` an earlier block took.
+      end: The next block's start.
+      end_offset: The next block's `offset` (`concat`: its last row took them).
       pieces: Its rows.
       units: Per row, what the mixture counts: example tokens, or documents
         begun in the row (`mixture_unit="documents"`).
     """
 
     start: int
+    offset: int
     end: int
+    end_offset: int
     pieces: Pieces
     units: np.ndarray
 
@@ -79,24 +92,80 @@ class SourceRows:
     def ended(self, start: int) -> bool:
         return self.end is not None and start >= self.end
 
-    def block(self, start: int) -> Block:
-        """The block at position `start`."""
+    def _sizes(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Documents at positions `[first, stop)` and their example positions."""
+        documents = self.order.documents(np.arange(first, stop, dtype=np.int64))
+        spec = self.spec
+        return documents, example_tokens(self.lengths[documents], spec.shift, spec.shift_target)
+
+    def _row_completion(self, end: int, need: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """The documents after position `end` that complete a row missing `need` positions.
+
+        Returns:
+          Their documents and the positions each gives (the last one cut
+          where the row is full), and the next block's start and offset.
+          Short of `need` only where a finite run ends.
+        """
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        position = end
+        while need > 0 and not self.ended(position):
+            # Every document gives at least one position, except empty ones
+            # with targets shifted left: then look further.
+            stop = position + max(need, 64)
+            if self.end is not None:
+                stop = min(stop, self.end)
+            documents, sizes = self._sizes(position, stop)
+            reached = np.cumsum(sizes)
+            k = int(np.searchsorted(reached, need))
+            if k == len(sizes):
+                parts.append((documents, sizes))
+                need -= int(reached[-1])
+                position = stop
+                continue
+            taken = need - (int(reached[k - 1]) if k else 0)
+            cut = sizes[: k + 1].copy()
+            cut[k] = taken
+            parts.append((documents[: k + 1], cut))
+            need = 0
+            position += k
+            if taken == int(sizes[k]):
+                return *_joined(parts), position + 1, 0
+            return *_joined(parts), position, taken
+        return *_joined(parts), position, 0
+
+    def block(self, start: int, offset: int = 0) -> Block:
+        """The block at position `start`, `offset` positions into its first document."""
         spec = self.spec
         end = self.block_end(start)
-        documents = self.order.documents(np.arange(start, end, dtype=np.int64))
-        sizes = example_tokens(self.lengths[documents], spec.shift, spec.shift_target)
+        documents, sizes = self._sizes(start, end)
+        first = np.zeros_like(sizes)
+        first[:1] = offset
+        next_start, next_offset = end, 0
+        if spec.packing == "concat":
+            missing = -int((sizes - first).sum()) % spec.row_length
+            more, more_sizes, next_start, next_offset = self._row_completion(end, missing)
+            documents = np.concatenate([documents, more])
+            sizes = np.concatenate([sizes, more_sizes])
+            first = np.concatenate([first, np.zeros_like(more_sizes)])
         rng = None
         if spec.shuffle:
             name = spec.names[self.index]
             rng = np.random.default_rng(derive_seed(spec.seed, "block", name, start))
         sources = np.full(len(documents), self.index, dtype=np.int32)
-        pieces = pack_block(sources, documents, sizes, spec.row_length, spec.packing, rng)
+        pieces = pack_block(sources, documents, sizes, spec.row_length, spec.packing, rng, first)
         if not spec.shuffle and spec.packing in ("best_fit", "first_fit") and pieces.rows > 1:
             # Unshuffled (eval): rows in the order of their first document, so a
             # pass starts with the corpus's first documents.
             first = np.minimum.reduceat(pieces.document, pieces.row_offsets[:-1])
             pieces = pieces.take_rows(np.argsort(first, kind="stable"))
-        return Block(start, end, pieces, row_units(pieces, spec.mixture_unit))
+        units = row_units(pieces, spec.mixture_unit)
+        return Block(start, offset, next_start, next_offset, pieces, units)
+
+
+def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate([d for d, _ in parts]), np.concatenate([s for _, s in parts])
 
 
 def row_units(pieces: Pieces, unit: str) -> np.ndarray:
@@ -119,14 +188,16 @@ class RowWalker:
     Args:
       rows: The source's planner.
       start: Start of the block the walker begins in.
+      offset: Positions of that block's first document taken before it.
       skip: Rows of that block already taken.
     """
 
-    def __init__(self, rows: SourceRows, start: int, skip: int):
+    def __init__(self, rows: SourceRows, start: int, offset: int, skip: int):
         self.source = rows
         #: Planned blocks with the walker-relative row of their first row.
         self._blocks: collections.deque[tuple[int, Block]] = collections.deque()
         self._next_start = start
+        self._next_offset = offset
         self._next_row = -skip  # walker row of the next block's first row
         self.ended = False
 
@@ -134,9 +205,9 @@ class RowWalker:
         if self.source.ended(self._next_start):
             self.ended = True
             return
-        block = self.source.block(self._next_start)
+        block = self.source.block(self._next_start, self._next_offset)
         self._blocks.append((self._next_row, block))
-        self._next_start = block.end
+        self._next_start, self._next_offset = block.end, block.end_offset
         self._next_row += block.pieces.rows
 
     def planned_rows(self, count: int) -> int:
@@ -165,13 +236,13 @@ class RowWalker:
                 parts.append(block.pieces.take_rows(rows[lo:hi] - first))
         return Pieces.concat(parts)
 
-    def position(self, row: int) -> tuple[int, int]:
-        """`(block start, rows taken of it)` with walker row `row` next (planned through)."""
+    def position(self, row: int) -> tuple[int, int, int]:
+        """`(block start, its offset, rows taken of it)` with walker row `row` next."""
         self.planned_rows(row + 1)
         for first, block in self._blocks:
             if first <= row < first + block.pieces.rows:
-                return block.start, row - first
-        return self._next_start, row - self._next_row
+                return block.start, block.offset, row - first
+        return self._next_start, self._next_offset, row - self._next_row
 
     def release(self, row: int) -> None:
         """Forgets blocks wholly before walker row `row`."""
