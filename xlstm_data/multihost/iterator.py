@@ -36,7 +36,6 @@ from jax.sharding import Mesh
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, count_batch
-from xlstm_data.multihost.global_arrays import form_global_fields
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.plan_state import (
     PLAN_STATE_KIND,
@@ -47,6 +46,7 @@ from xlstm_data.multihost.plan_state import (
 )
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
+from xlstm_data.multihost.step_groups import StepGroups
 from xlstm_data.multihost.worker_handover import WorkerHandover
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan
@@ -59,7 +59,7 @@ from xlstm_data.plan.mixture import (
 )
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
-from xlstm_data.reading.row_assembly import FIELDS, fields_of
+from xlstm_data.reading.row_assembly import FIELDS
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
 
@@ -171,6 +171,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
         self._resources = IteratorResources()
+        self._steps: StepGroups | None = None  # the pipeline's steps as global arrays
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
         self._element_spec: Any = None
@@ -251,14 +252,11 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """The next step, as global arrays (runs in the prefetch thread)."""
         pipeline = self._resources.pipeline
         assert pipeline is not None
-        element = next(pipeline)
-        block = element["fields"]
-        if self.worker_count:  # out of the worker's shared memory, which grain then unlinks
-            block = np.array(block)
-        host = fields_of(block)
+        if self._steps is None or self._steps.pipeline is not pipeline:  # a (re)start
+            self._steps = StepGroups(pipeline, FIELDS, self.sharding, self.layout.host_count)
+        element, host, device = next(self._steps)
         documents, split = (int(v) for v in element["piece_counts"])
         counts = count_batch(host, element["source_tokens"], documents, split)
-        device = form_global_fields(block, FIELDS, self.sharding, self.layout.host_count)
         cursor = [int(v) for v in element["cursor"]]
         position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
         return _Prefetched(host, device, position, counts)
@@ -549,7 +547,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         `state` is one process's `get_state()`, or several merged with
         `plan_state.merge_plan_states` (every process saves the same cursor).
         """
-        check_state_format(state)
+        check_state_format(state, self.plan.spec.packing)
         step = int(state["step"])
         saved_skips = StepSkips(tuple(tuple(r) for r in state.get("skip_steps", ())))
         self.skips.check_resume(saved_skips, saved_data_step(state))
