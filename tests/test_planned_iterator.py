@@ -166,10 +166,15 @@ def test_a_layout_the_batch_does_not_divide_over_names_the_layouts_that_work():
 def test_a_saved_cursor_follows_datasets_by_name_when_the_datasets_change():
     from xlstm_data.multihost.plan_state import cursor_by_name
 
-    # [step, stage start, block start a, b, rows taken a, b, served a, b]
-    state = {"sources": ["a", "b"], "cursor": [30, 10, 2048, 64, 7, 9, 500, 77]}
-    assert cursor_by_name(state, ["b"]) == [30, 10, 64, 9, 77]
-    assert cursor_by_name(state, ["a", "b", "c"]) == [30, 10, 2048, 64, 0, 7, 9, 0, 500, 77, 0]
+    # [step, stage start, block start a, b, rows taken a, b, served a, b, offset a, b]
+    state = {"sources": ["a", "b"], "cursor": [30, 10, 2048, 64, 7, 9, 500, 77, 0, 5]}
+    assert cursor_by_name(state, ["b"]) == [30, 10, 64, 9, 77, 5]
+    assert cursor_by_name(state, ["a", "b", "c"]) == [
+        *[30, 10, 2048, 64, 0, 7, 9, 0, 500, 77, 0, 0, 5, 0]
+    ]
+    # Format 4 had no offsets: they read as 0.
+    old = {"sources": ["a", "b"], "cursor": [30, 10, 2048, 64, 7, 9, 500, 77], "format_version": 4}
+    assert cursor_by_name(old, ["b"]) == [30, 10, 64, 9, 77, 0]
     with pytest.raises(DataCheckpointError, match="corrupted"):
         cursor_by_name({"sources": ["a"], "cursor": [3, 40, 7]}, ["a"])
 
