@@ -17,10 +17,10 @@ from typing import Any
 import ml_collections
 
 from xlstm_data.checks import check_int
-from xlstm_data.config.rampup import RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import UNITS, MixtureSchedule, check_weight, parse_mixture_schedule
 from xlstm_data.plan.packing import packing_mode
+from xlstm_data.plan.schedule import RampupSchedule, parse_rampup
 from xlstm_data.plan.skips import StepSkips, parse_skip_steps
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
 from xlstm_data.sources import expand_files
