@@ -153,12 +153,11 @@ class SourceConfig:
 
     def build(self) -> Any:
         """Creates the document source (this may read file indexes)."""
-        from xlstm_data import sources
-        from xlstm_data.sources import stdlib_corpus
+        from xlstm_data.sources import SyntheticSource, TextFileSource, open_shards, stdlib_corpus
 
         o = dict(self.options)
         if self.kind == "array_record":  # either layout `prepare` writes (see prepared_shards)
-            return sources.open_shards(
+            return open_shards(
                 o["path"],
                 o["record_format"],
                 tokenizer=o["tokenizer"],
@@ -166,13 +165,13 @@ class SourceConfig:
                 unprepared_tokenizer="byte",  # unprepared ids stay checked, as documented
             )
         if self.kind == "text":
-            return sources.TextFileSource(o["path"], tokenizer=o["tokenizer"], unit=o["unit"])
+            return TextFileSource(o["path"], tokenizer=o["tokenizer"], unit=o["unit"])
         if self.kind == "jsonl":
-            return sources.TextFileSource(
+            return TextFileSource(
                 o["path"], tokenizer=o["tokenizer"], unit="line", jsonl_field=o["field"]
             )
         if self.kind == "synthetic":
-            return sources.SyntheticSource(**o)
+            return SyntheticSource(**o)
         return stdlib_corpus.stdlib_source(o["part"], o["tokenizer"], o["max_files"])
 
 
