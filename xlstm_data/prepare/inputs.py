@@ -45,7 +45,7 @@ from absl import logging
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.prepare import paths
 from xlstm_data.sources.base import TEXT_UNITS, expand_files
-from xlstm_data.sources.formats import compression_of, jsonl_text, where_text
+from xlstm_data.sources.formats import compression_of, decode_utf8, jsonl_text
 
 INPUT_FORMATS = ("auto", "text", "jsonl", "parquet", "arrow", "tokens")
 _KINDS = INPUT_FORMATS[1:]
@@ -104,6 +104,11 @@ _BATCH_ROWS = 1024
 _REMOTE_THREADS = 16
 _ARROW_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # end of an Arrow IPC stream
 _MAX_EXAMPLES = 3
+#: What a line or file `prepare` cannot decode as UTF-8 is answered with.
+_UTF8_ADVICE = (
+    "prepare reads UTF-8: convert the file (e.g. iconv -f LATIN1 -t UTF-8), or pass "
+    "--skip_bad_lines to skip such lines."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -845,17 +850,6 @@ class _Lines:
                 position += len(line) + 1
 
 
-def _utf8(content: bytes, where: str | Callable[[], str]) -> str:
-    try:
-        return content.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DataReadError(
-            f"{where_text(where)}: is not valid UTF-8 text (byte "
-            f"{error.start}: {error.reason}); prepare reads UTF-8: convert the file (e.g. "
-            "iconv -f LATIN1 -t UTF-8), or pass --skip_bad_lines to skip such lines."
-        ) from error
-
-
 def _line_documents(
     part: InputPart, field: str, bad: Callable[[DataReadError], None]
 ) -> Iterator[str]:
@@ -886,7 +880,7 @@ def _line_documents(
                 text = value
         except UnicodeDecodeError:
             try:
-                _utf8(content, _line_where(lines, index))
+                decode_utf8(content, _line_where(lines, index), _UTF8_ADVICE)
             except DataReadError as error:
                 bad(error)
             continue
@@ -926,7 +920,7 @@ def _whole_file(part: InputPart) -> Iterator[str]:
                 raise _stream_error(part.path, part.compression, error, None) from error
             content = b"".join(pieces)
     if content:
-        yield _utf8(content, f"file {part.path!r}")
+        yield decode_utf8(content, f"file {part.path!r}", _UTF8_ADVICE)
 
 
 # ----------------------------------------------------------------------------

@@ -28,14 +28,21 @@ def where_text(where: str | Callable[[], str]) -> str:
     return where if isinstance(where, str) else where()
 
 
-def decode_utf8(raw: bytes, where: str | Callable[[], str]) -> str:
-    """Decodes UTF-8 strictly, raising DataReadError naming `where`."""
+#: What `decode_utf8` suggests for a record a source reads that is not UTF-8.
+RECORD_UTF8_ADVICE = (
+    "the record may be token ids (record_format='tokens') or the file may use another encoding."
+)
+
+
+def decode_utf8(
+    raw: bytes, where: str | Callable[[], str], advice: str = RECORD_UTF8_ADVICE
+) -> str:
+    """Decodes UTF-8 strictly, raising DataReadError naming `where` and what to do (`advice`)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataReadError(
-            f"{where_text(where)}: is not valid UTF-8 text (byte {e.start}: {e.reason}); the "
-            "record may be token ids (record_format='tokens') or the file may use another encoding."
+            f"{where_text(where)}: is not valid UTF-8 text (byte {e.start}: {e.reason}); {advice}"
         ) from e
 
 
