@@ -74,7 +74,7 @@ def define_config_flag(
 
 def run_config(fv: flags.FlagValues) -> Any:
     """The parsed `--config`, completed with defaults; unknown keys are refused by name."""
-    from trainer_hooks.config import with_defaults
+    from xlstm_data.config.run_config import with_defaults
 
     return with_defaults(fv.config)
 
