@@ -28,13 +28,13 @@ from xlstm_data.batch import LLMBatch
 from xlstm_data.checks import check_int
 from xlstm_data.config.end_of_document import resolve_eod_token_id
 from xlstm_data.config.factory_settings import FactorySettings
-from xlstm_data.config.rampup import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
 from xlstm_data.from_config import check_batch_fits, check_layout_divides, source_lengths
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.plan.mixture import MixtureSchedule, parse_mixture_weights
+from xlstm_data.plan.schedule import BatchSizeSchedule, RampupSchedule, parse_rampup
 from xlstm_data.plan.spec import PlanSpec
 from xlstm_data.prepare import auto_index
 from xlstm_data.sources.array_record import ArrayRecordSource

@@ -20,12 +20,12 @@ from jax.sharding import Mesh
 from xlstm_data.batch import LLMBatch
 from xlstm_data.config.data_config import DataConfig, SourceConfig, validate_data_config
 from xlstm_data.config.end_of_document import resolve_eod_token_id
-from xlstm_data.config.rampup import BatchSizeSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.iterator import PlannedDataIterator
 from xlstm_data.plan.global_plan import GlobalPlan
 from xlstm_data.plan.mixture import parse_mixture_schedule
+from xlstm_data.plan.schedule import BatchSizeSchedule, parse_rampup
 from xlstm_data.plan.spec import PlanSpec
 from xlstm_data.prepare import auto_index
 from xlstm_data.sources.array_record import ArrayRecordSource

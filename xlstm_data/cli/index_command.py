@@ -18,7 +18,7 @@ from xlstm_data.errors import DataConfigError
 def define_index(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     """The flags of `index`, defined on `fv`."""
     del argv
-    from xlstm_data.cli.main import define_tokenizer_flags
+    from xlstm_data.cli.common import define_tokenizer_flags
     from xlstm_data.sources.corpus_index import RECORD_FORMATS
 
     flags.DEFINE_string(
@@ -41,7 +41,7 @@ def define_index(fv: flags.FlagValues, argv: Sequence[str]) -> None:
 
 def run_index(fv: flags.FlagValues, positional: list[str]) -> int:
     """Indexes the shards matched by the positional globs; prints the config to use."""
-    from xlstm_data.cli.main import UsageError, progress_bar
+    from xlstm_data.cli.common import UsageError, progress_bar
     from xlstm_data.prepare import paths
     from xlstm_data.prepare.index_shards import index_shards
     from xlstm_data.sources.corpus_index import INDEX_FILE

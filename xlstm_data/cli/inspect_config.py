@@ -19,10 +19,10 @@ import numpy as np
 
 from xlstm_data.config.data_config import validate_data_config
 from xlstm_data.config.end_of_document import resolve_eod_token_id
-from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
 from xlstm_data.from_config import iterators_from_config
 from xlstm_data.multihost.mesh import DEFAULT_AXIS_DIMS, create_mesh, parse_axis_spec
+from xlstm_data.plan.schedule import BatchSizeSchedule
 from xlstm_data.sources.tokenizers import Tokenizer
 
 #: Sources with more documents than this are measured on a sample.

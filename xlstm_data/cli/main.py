@@ -29,15 +29,12 @@ from typing import Any
 
 from absl import flags
 
+from xlstm_data.cli.common import UsageError, define_tokenizer_flags, progress_bar
 from xlstm_data.config.overrides import define_config_file, override_error
 from xlstm_data.errors import DataConfigError, DataReadError
 
 PROG = "xlstm-data"
 _HELP_ARGS = ("-h", "--help", "-help", "--helpfull")
-
-
-class UsageError(Exception):
-    """A bad command line; the message names the argument and what is valid."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +74,7 @@ def define_config_flag(
 
 def run_config(fv: flags.FlagValues) -> Any:
     """The parsed `--config`, completed with defaults; unknown keys are refused by name."""
-    from trainer_hooks.config import with_defaults
+    from xlstm_data.config.run_config import with_defaults
 
     return with_defaults(fv.config)
 
@@ -179,26 +176,6 @@ def _check_config_file(argv: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------
 
 
-def define_tokenizer_flags(fv: flags.FlagValues, *, tokenizer_help: str, vocab_help: str) -> None:
-    """--tokenizer, --vocab_size, --eod_token and --pad_token, as `prepare` and `index` take
-    them (both write an index recording them)."""
-    flags.DEFINE_string("tokenizer", "byte", tokenizer_help, flag_values=fv)
-    flags.DEFINE_integer(
-        "vocab_size",
-        None,
-        "vocabulary every id is checked against and recorded in index.json (default: the "
-        f"tokenizer's); {vocab_help}",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "eod_token",
-        None,
-        "the tokenizer's end-of-document token, when it is not one of the usual spellings",
-        flag_values=fv,
-    )
-    flags.DEFINE_string("pad_token", None, "the tokenizer's padding token", flag_values=fv)
-
-
 def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
     del argv
     from xlstm_data.prepare.inputs import INPUT_FORMATS
@@ -285,32 +262,6 @@ def _define_prepare(fv: flags.FlagValues, argv: Sequence[str]) -> None:
         "Beam pipeline options for --runner=beam, e.g. '--runner=DataflowRunner --project=P' "
         "(default DirectRunner)",
         flag_values=fv,
-    )
-
-
-#: Per label, the last tenth of the work reported to a stderr that is not a terminal.
-_reported_tenths: dict[str, int] = {}
-
-
-def progress_bar(label: str, done: int, total: int) -> None:
-    """One line on stderr, redrawn in place, ending when `done == total`.
-
-    Redrawing with carriage returns suits a terminal only: in a log file it
-    made one line of 250 KB. Elsewhere a plain line is printed at each tenth.
-    """
-    if not sys.stderr.isatty():
-        tenth = 10 * done // max(1, total)
-        if done == total or tenth > _reported_tenths.get(label, -1):
-            _reported_tenths[label] = tenth
-            print(f"{label}: {done}/{total}", file=sys.stderr, flush=True)
-        return
-    width = 30
-    filled = int(width * done / max(1, total))
-    print(
-        f"\r{label:<9} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-        end="" if done < total else "\n",
-        file=sys.stderr,
-        flush=True,
     )
 
 

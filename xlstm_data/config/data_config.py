@@ -17,10 +17,10 @@ from typing import Any
 import ml_collections
 
 from xlstm_data.checks import check_int
-from xlstm_data.config.rampup import RampupSchedule, parse_rampup
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import UNITS, MixtureSchedule, check_weight, parse_mixture_schedule
 from xlstm_data.plan.packing import packing_mode
+from xlstm_data.plan.schedule import RampupSchedule, parse_rampup
 from xlstm_data.plan.skips import StepSkips, parse_skip_steps
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
 from xlstm_data.sources import expand_files
@@ -153,12 +153,11 @@ class SourceConfig:
 
     def build(self) -> Any:
         """Creates the document source (this may read file indexes)."""
-        from xlstm_data import sources
-        from xlstm_data.sources import stdlib_corpus
+        from xlstm_data.sources import SyntheticSource, TextFileSource, open_shards, stdlib_corpus
 
         o = dict(self.options)
         if self.kind == "array_record":  # either layout `prepare` writes (see prepared_shards)
-            return sources.open_shards(
+            return open_shards(
                 o["path"],
                 o["record_format"],
                 tokenizer=o["tokenizer"],
@@ -166,13 +165,13 @@ class SourceConfig:
                 unprepared_tokenizer="byte",  # unprepared ids stay checked, as documented
             )
         if self.kind == "text":
-            return sources.TextFileSource(o["path"], tokenizer=o["tokenizer"], unit=o["unit"])
+            return TextFileSource(o["path"], tokenizer=o["tokenizer"], unit=o["unit"])
         if self.kind == "jsonl":
-            return sources.TextFileSource(
+            return TextFileSource(
                 o["path"], tokenizer=o["tokenizer"], unit="line", jsonl_field=o["field"]
             )
         if self.kind == "synthetic":
-            return sources.SyntheticSource(**o)
+            return SyntheticSource(**o)
         return stdlib_corpus.stdlib_source(o["part"], o["tokenizer"], o["max_files"])
 
 

@@ -8,7 +8,7 @@ override syntax and what it accepts are the same everywhere:
   such as `--config.data.train.web.vocab_size=300`): `ml_collections` only
   overrides existing keys unless told to accept new ones. Typos are still
   refused, by name, when the config is validated (`validate_data_config` for
-  `data`, `trainer_hooks.config.with_defaults` for the rest), before any data
+  `data`, `xlstm_data.config.run_config.with_defaults` for the rest), before any data
   is read;
 * an override under a section the config does not have
   (`--config.chekpoint.every_steps=2`) is refused while parsing;

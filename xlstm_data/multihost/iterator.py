@@ -33,7 +33,6 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, count_batch
 from xlstm_data.multihost.host_layout import data_host_layout
@@ -57,6 +56,7 @@ from xlstm_data.plan.mixture import (
     updates_to_pairs,
     with_updates,
 )
+from xlstm_data.plan.schedule import BatchSizeSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
 from xlstm_data.reading.row_assembly import FIELDS

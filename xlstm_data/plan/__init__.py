@@ -9,7 +9,8 @@ plan uses them:
   order of 10^8 documents needs no table; `order`: a new permutation per
   epoch of each source, seeded by the source's *name* (adding, dropping or
   reordering other datasets changes nothing).
-- `mixture`: weights by mixture stage, token- or document-weighted.
+- `mixture`: weights by mixture stage, token- or document-weighted;
+  `schedule`: the batch size by step (ramp-up stages).
 - `packing`: rows packed on lengths (best_fit, first_fit, concat, none).
 - `pieces`: rows as compressed `(source, document, start, stop)` pieces.
 - `spec`: the validated `PlanSpec` (no host or worker count in it).

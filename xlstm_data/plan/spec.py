@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.mixture import UNITS, MixtureSchedule
 from xlstm_data.plan.packing import MODES
+from xlstm_data.plan.schedule import BatchSizeSchedule
 
 #: Default documents per planned block (`data.block_documents`).
 DEFAULT_BLOCK_DOCUMENTS = 2048

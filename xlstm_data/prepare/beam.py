@@ -1,6 +1,6 @@
 """The preparation as an Apache Beam pipeline, for corpora one machine cannot tokenize.
 
-The pipeline runs the same four steps as the local runner (`corpus`):
+The pipeline runs the same four steps (`steps`) as the local runner (`corpus`):
 tokenize every part, plan the shards from all parts' lengths, write every
 shard, then write the indexes. Its elements are parts and shards, not
 documents: a document-level pipeline would ship every token through Beam's
@@ -25,7 +25,7 @@ from typing import Any
 
 from xlstm_data.errors import DataConfigError
 from xlstm_data.prepare import paths
-from xlstm_data.prepare.corpus import (
+from xlstm_data.prepare.steps import (
     Preparation,
     ShardWrite,
     tokenize_step,

@@ -14,8 +14,9 @@ streams everywhere (chunk by chunk, row group by row group), so memory stays
 bounded on multi-GB files.
 
 Text is read exactly as `TextFileSource` reads it (the same lines, the same
-blank-line rule, the same JSON-lines errors), so preparing a corpus yields
-the documents a text source would.
+blank-line rule, the same JSON-lines errors, both from
+`xlstm_data.sources.formats`), so preparing a corpus yields the documents a
+text source would.
 
 Data cut short is never a short corpus: a truncated gzip stream is an error
 from the gzip module, but the `zstandard` stream reader ends a zstd stream cut
@@ -44,7 +45,7 @@ from absl import logging
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.prepare import paths
 from xlstm_data.sources.base import TEXT_UNITS, expand_files
-from xlstm_data.sources.text_files import _jsonl_text
+from xlstm_data.sources.formats import compression_of, decode_utf8, jsonl_text
 
 INPUT_FORMATS = ("auto", "text", "jsonl", "parquet", "arrow", "tokens")
 _KINDS = INPUT_FORMATS[1:]
@@ -58,7 +59,6 @@ _KIND_NAMES = {
     "arrow": "an Arrow file",
     "tokens": "a numpy token array",
 }
-_COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
 _KIND_MAGIC = (
     (b"PAR1", "parquet"),
@@ -104,6 +104,11 @@ _BATCH_ROWS = 1024
 _REMOTE_THREADS = 16
 _ARROW_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # end of an Arrow IPC stream
 _MAX_EXAMPLES = 3
+#: What a line or file `prepare` cannot decode as UTF-8 is answered with.
+_UTF8_ADVICE = (
+    "prepare reads UTF-8: convert the file (e.g. iconv -f LATIN1 -t UTF-8), or pass "
+    "--skip_bad_lines to skip such lines."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,11 +339,6 @@ def _read_json(path: str, pattern: str) -> dict[str, Any]:
     return value
 
 
-def _compression_of(head: bytes) -> str | None:
-    """ "gzip", "zstd" or None, from a file's first bytes (also used by `TextFileSource`)."""
-    return next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
-
-
 def _kind_magic(content: bytes) -> str | None:
     return next((kind for magic, kind in _KIND_MAGIC if content.startswith(magic)), None)
 
@@ -365,7 +365,7 @@ def _inspect(path: str, input_format: str, unit: str, part_bytes: int) -> list[I
     try:
         with paths.open_file(path, "rb") as f:
             head = f.read(_HEAD_BYTES)
-            compression = _compression_of(head)
+            compression = compression_of(head)
             content = head
             if compression is not None:
                 f.seek(0)
@@ -850,17 +850,6 @@ class _Lines:
                 position += len(line) + 1
 
 
-def _utf8(content: bytes, where: str | Callable[[], str]) -> str:
-    try:
-        return content.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DataReadError(
-            f"{where if isinstance(where, str) else where()}: is not valid UTF-8 text (byte "
-            f"{error.start}: {error.reason}); prepare reads UTF-8: convert the file (e.g. "
-            "iconv -f LATIN1 -t UTF-8), or pass --skip_bad_lines to skip such lines."
-        ) from error
-
-
 def _line_documents(
     part: InputPart, field: str, bad: Callable[[DataReadError], None]
 ) -> Iterator[str]:
@@ -885,13 +874,13 @@ def _line_documents(
                 except (ValueError, KeyError, TypeError, IndexError):
                     value = None
                 if type(value) is not str:
-                    value = _jsonl_text(text, field, _line_where(lines, index))
+                    value = jsonl_text(text, field, _line_where(lines, index))
                 if b"\\u" in content:
                     _check_encodable(value, field, _line_where(lines, index)())
                 text = value
         except UnicodeDecodeError:
             try:
-                _utf8(content, _line_where(lines, index))
+                decode_utf8(content, _line_where(lines, index), _UTF8_ADVICE)
             except DataReadError as error:
                 bad(error)
             continue
@@ -931,7 +920,7 @@ def _whole_file(part: InputPart) -> Iterator[str]:
                 raise _stream_error(part.path, part.compression, error, None) from error
             content = b"".join(pieces)
     if content:
-        yield _utf8(content, f"file {part.path!r}")
+        yield decode_utf8(content, f"file {part.path!r}", _UTF8_ADVICE)
 
 
 # ----------------------------------------------------------------------------

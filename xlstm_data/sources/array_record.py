@@ -22,7 +22,6 @@ from xlstm_data.sources.base import (
     TokenSource,
     _check_vocab_size,
     _checked_int32,
-    _decode_utf8,
     _in_range,
     expand_files,
 )
@@ -32,6 +31,7 @@ from xlstm_data.sources.corpus_index import (
     prepared_corpus,
     prepared_tokenizer,
 )
+from xlstm_data.sources.formats import decode_utf8
 from xlstm_data.sources.tokenizers import get_tokenizer
 
 # ----------------------------------------------------------------------------
@@ -333,7 +333,7 @@ class ArrayRecordSource(TokenSource):
             values = np.frombuffer(raw, dtype="<i4")
         else:
             assert self._tokenizer is not None
-            values = self._tokenizer.encode(_decode_utf8(raw, where()))
+            values = self._tokenizer.encode(decode_utf8(raw, where()))
         return _checked_int32(values, self.vocab_size, where)
 
     # Batched reads ------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.sources.formats import where_text
 from xlstm_data.sources.tokenizers import Tokenizer
 
 Document = dict[str, np.ndarray]
@@ -245,7 +246,7 @@ def _checked_int32(
                 f"for vocab_size={vocab_size}; the data was tokenized with a different "
                 "vocabulary, or vocab_size/tokenizer is wrong"
             )
-        raise DataReadError(f"{_where_text(where)}: {detail}.")
+        raise DataReadError(f"{where_text(where)}: {detail}.")
     return np.array(values, dtype=np.int32, copy=True)
 
 
@@ -264,19 +265,3 @@ def _spec_repr(spec: TokenizerSpec) -> str:
     if spec is None or isinstance(spec, str):
         return repr(spec)
     return type(spec).__name__
-
-
-def _where_text(where: str | Callable[[], str]) -> str:
-    """The record named by `where` (or by calling it: hot paths format no string)."""
-    return where if isinstance(where, str) else where()
-
-
-def _decode_utf8(raw: bytes, where: str | Callable[[], str]) -> str:
-    """Decodes UTF-8 strictly, raising DataReadError naming `where`."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataReadError(
-            f"{_where_text(where)}: is not valid UTF-8 text (byte {e.start}: {e.reason}); the "
-            "record may be token ids (record_format='tokens') or the file may use another encoding."
-        ) from e

@@ -23,13 +23,14 @@ from pathlib import Path
 from absl import logging
 
 from xlstm_data.errors import DataConfigError
-from xlstm_data.sources import InMemorySource, TextFileSource
+from xlstm_data.sources.in_memory import InMemorySource
 from xlstm_data.sources.lengths_cache import (
     cache_dir,
     cache_key,
     file_signature,
     write_atomically,
 )
+from xlstm_data.sources.text_files import TextFileSource
 from xlstm_data.sources.tokenizers import Tokenizer
 
 PARTS = ("code", "docstrings")

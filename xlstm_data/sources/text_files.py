@@ -4,29 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import mmap
 import os
 import threading
 from array import array
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from absl import logging
 
 from xlstm_data.errors import DataConfigError, DataReadError
-from xlstm_data.sources import lengths_cache
 from xlstm_data.sources.base import (
     TEXT_UNITS,
     PathPattern,
     TokenizerSpec,
     TokenSource,
     _checked_int32,
-    _decode_utf8,
-    _where_text,
     expand_files,
 )
+from xlstm_data.sources.formats import compression_of, decode_utf8, jsonl_text
+from xlstm_data.sources.lengths_cache import cached_lengths, file_signature, tokenizer_identity
 from xlstm_data.sources.tokenizers import get_tokenizer
 
 # ----------------------------------------------------------------------------
@@ -123,7 +120,7 @@ class TextFileSource(TokenSource):
         self._signatures: list[list[Any]] = []
         for fi, path in enumerate(self._files):
             if unit == "file":
-                self._signatures.append(lengths_cache.file_signature(path))
+                self._signatures.append(file_signature(path))
                 size = self._signatures[-1][1]
                 if size:
                     file_ids.append(fi)
@@ -235,10 +232,10 @@ class TextFileSource(TokenSource):
                 f"read {len(raw)}; the file changed after the source was built. Rebuild the "
                 "source."
             )
-        text = _decode_utf8(raw, where)
+        text = decode_utf8(raw, where)
         field = self._fields[int(self._file_ids[index])]
         if field is not None:
-            text = _jsonl_text(text, field, where)
+            text = jsonl_text(text, field, where)
         return _checked_int32(self._tokenizer.encode(text), self.vocab_size, where)
 
     def lengths(self) -> np.ndarray:
@@ -259,14 +256,14 @@ class TextFileSource(TokenSource):
             document cannot be decoded or tokenized (naming file and line).
         """
         if self._token_lengths is None:
-            self._token_lengths = lengths_cache.cached_lengths(
+            self._token_lengths = cached_lengths(
                 self._lengths_cache_parts(), len(self), self._scan_lengths, repr(self)
             )
         return self._token_lengths
 
     def _lengths_cache_parts(self) -> dict[str, Any] | None:
         """What the token counts depend on, or None when the tokenizer cannot be identified."""
-        tokenizer = lengths_cache.tokenizer_identity(self._tokenizer)
+        tokenizer = tokenizer_identity(self._tokenizer)
         if tokenizer is None:
             return None
         return {
@@ -347,12 +344,9 @@ class TextFileSource(TokenSource):
 
 def _refuse_compressed(files: list[str]) -> None:
     """Compressed files cannot be read by byte offset: name them and the way to read them."""
-    # Imported here: sources do not load the prepare package unless they need it.
-    from xlstm_data.prepare.inputs import _compression_of
-
     for path in files:
         with open(path, "rb") as f:
-            compression = _compression_of(f.read(4))
+            compression = compression_of(f.read(4))
         if compression:
             raise DataConfigError(
                 f"TextFileSource: file {path!r} is {compression}-compressed, and text sources "
@@ -360,31 +354,3 @@ def _refuse_compressed(files: list[str]) -> None:
                 f"`xlstm-data prepare {path} --output=DIR` on it and read the output with "
                 "kind='array_record', path='DIR/*.array_record'."
             )
-
-
-def _jsonl_text(line: str, field: str, where: str | Callable[[], str]) -> str:
-    """Extracts `field` from one JSONL line, raising DataReadError naming `where`."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataReadError(
-            f"{_where_text(where)}: is not valid JSON ({e.msg} at column {e.colno}); each line "
-            "of a JSONL file must be one JSON object."
-        ) from e
-    if not isinstance(obj, Mapping):
-        raise DataReadError(
-            f"{_where_text(where)}: is a JSON {type(obj).__name__}, not an object with a "
-            f"{field!r} key."
-        )
-    if field not in obj:
-        keys = sorted(obj)[:10]
-        raise DataReadError(
-            f"{_where_text(where)}: JSON object has no {field!r} key (keys: {keys}); set "
-            "jsonl_field to the key holding the document text."
-        )
-    value = obj[field]
-    if not isinstance(value, str):
-        raise DataReadError(
-            f"{_where_text(where)}: JSON field {field!r} is a {type(value).__name__}, not a string."
-        )
-    return value
