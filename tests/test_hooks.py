@@ -285,6 +285,43 @@ def test_checkpoint_hook_saves_and_restore_continues_exactly(tmp_path, mesh):
     new_manager.close()
 
 
+def test_a_garbled_model_chunk_is_refused_naming_the_file_and_the_earlier_step(tmp_path, mesh):
+    directory = tmp_path / "ckpt"
+    manager = checkpoint_manager(directory, max_to_keep=None)
+    train, _ = xd.iterators_from_config(SINGLE, mesh)
+    current = {"state": {"w": jnp.arange(50_000.0)}}
+    hook = CheckpointHook(manager, lambda: current["state"], train, every_steps=2)
+    for step in range(1, 5):
+        next(train)
+        current["state"] = {"w": jnp.arange(50_000.0) + step}
+        hook(step)
+    hook.finish(4)
+    manager.close()
+    train.close()
+    for step in (2, 4):  # every committed step has its digests, the asynchronous one too
+        assert (directory / str(step) / "model.sha256.json").exists()
+    chunk = max(
+        (directory / "4" / "model").glob("ocdbt.process_*/d/*"), key=lambda p: p.stat().st_size
+    )
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)  # zeros where the values were
+    chunk.write_bytes(bytes(data))
+
+    manager = checkpoint_manager(directory, max_to_keep=None)
+    resumed, _ = xd.iterators_from_config(SINGLE, mesh)
+    initial = {"w": jnp.zeros(50_000)}
+    with pytest.raises(xd.DataCheckpointError) as refused:
+        restore_or_initialize(manager, resumed, initial)
+    message = str(refused.value)
+    assert "step 4 is damaged" in message and str(chunk) in message, message
+    assert "--restore_step=2" in message, message
+    state, step = restore_or_initialize(manager, resumed, initial, step=2)
+    assert step == 2
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.arange(50_000.0) + 2)
+    resumed.close()
+    manager.close()
+
+
 def test_restore_from_an_empty_directory_starts_fresh(tmp_path, mesh):
     manager = checkpoint_manager(tmp_path / "empty")
     train, _ = xd.iterators_from_config(SINGLE, mesh)

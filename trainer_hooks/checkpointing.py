@@ -10,6 +10,8 @@ unless the caller deliberately starts the data stream over.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -34,10 +36,95 @@ State = TypeVar("State")
 
 MODEL_ITEM = "model"
 DATA_ITEM = "data"
+#: Beside the items in a step directory: the SHA-256 of every file of the model item.
+MODEL_DIGESTS_FILE = "model.sha256.json"
+
+
+def _sha256(path: epath.Path) -> str:
+    """The file's SHA-256, read in 8 MiB pieces (local or cloud storage)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while piece := f.read(8 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def _file_digests(directory: epath.Path) -> dict[str, str]:
+    """SHA-256 of every file under `directory`, by path relative to it."""
+    digests, folders = {}, [directory]
+    while folders:  # epath has no rglob on cloud storage
+        for path in sorted(folders.pop().iterdir()):
+            if path.is_dir():
+                folders.append(path)
+            else:
+                digests[str(path.relative_to(directory))] = _sha256(path)
+    return dict(sorted(digests.items()))
+
+
+def write_model_digests(step_dir: epath.Path) -> None:
+    """Records the SHA-256 of every file of a committed step's model item beside it.
+
+    orbax checks that a step was committed, and TensorStore checksums OCDBT's
+    tree nodes and the zarr3 shard index, but not the array chunks themselves:
+    64 garbled bytes in a chunk restored silently and the loss diverged. The
+    digests are taken once the step is committed (the files no longer
+    change) and checked before it is restored (`check_model_digests`). Costs
+    one read of the model item per checkpoint, on process 0 only; written to
+    a temporary name and renamed, so a killed run leaves none or a whole one.
+    """
+    model = step_dir / MODEL_ITEM
+    if not model.is_dir():
+        return
+    target = step_dir / MODEL_DIGESTS_FILE
+    partial = step_dir / f"{MODEL_DIGESTS_FILE}.partial"
+    partial.write_text(json.dumps({"sha256": _file_digests(model)}, indent=1))
+    partial.rename(target)
+
+
+def check_model_digests(manager: ocp.CheckpointManager, step: int) -> None:
+    """Refuses a step whose model files differ from the digests taken when it was saved.
+
+    A step without digests (saved before they existed, or killed between its
+    commit and the digests) is restored with a warning: it cannot be checked.
+
+    Raises:
+      DataCheckpointError: Naming the step, the first file that is missing or
+        differs, and the earlier step to restore instead.
+    """
+    step_dir = epath.Path(manager.directory) / str(step)
+    record = step_dir / MODEL_DIGESTS_FILE
+    if not record.exists():
+        logging.warning(
+            "checkpoint step %d has no %s: its model files are restored unchecked",
+            step,
+            MODEL_DIGESTS_FILE,
+        )
+        return
+    try:
+        expected = json.loads(record.read_text())["sha256"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise DataCheckpointError(
+            f"checkpoint step {step}: {record} is damaged ({error})"
+            f"{_earlier_steps_hint(manager, step)}"
+        ) from error
+    model = step_dir / MODEL_ITEM
+    for name, digest in expected.items():
+        path = model / name
+        if not path.is_file():
+            found = "is missing"
+        elif _sha256(path) == digest:
+            continue
+        else:
+            found = "has changed since it was saved (its SHA-256 differs)"
+        raise DataCheckpointError(
+            f"checkpoint step {step} is damaged: model file {path} {found}"
+            f"{_earlier_steps_hint(manager, step)}"
+        )
 
 
 class _InOrderPreemptionManager(ocp.CheckpointManager):
-    """A `CheckpointManager` that asks JAX's preemption sync point in step order only.
+    """A `CheckpointManager` that asks JAX's preemption sync point in step order only,
+    and records the model item's file digests once a step is committed.
 
     JAX's sync protocol takes the last step a process reported, adds one, and
     then waits for exactly that step (an equality test). orbax also asks from
@@ -46,6 +133,10 @@ class _InOrderPreemptionManager(ocp.CheckpointManager):
     step was one the loop had already passed, and the run trained on without
     ever saving (seen in 1 of ~6 SIGTERM test runs). Older steps are answered
     here from what the loop was told, without reporting them to JAX.
+
+    The digests (`write_model_digests`) are written by process 0 after a
+    save is finished: at the next save, `wait_until_finished`, `close`, or
+    `write_finished_digests` (which `CheckpointHook` calls every step).
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -53,6 +144,32 @@ class _InOrderPreemptionManager(ocp.CheckpointManager):
         self._preemption_lock = threading.Lock()
         self._latest_asked = -1
         self._sync_step: int | None = None
+
+        self._undigested: list[int] = []
+
+    def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
+        saved = super().save(step, *args, **kwargs)
+        if saved:
+            self._undigested.append(step)
+        return saved
+
+    def wait_until_finished(self) -> None:
+        super().wait_until_finished()
+        self.write_finished_digests()
+
+    def write_finished_digests(self) -> None:
+        """Writes the model digests of the steps saved since, once no save is in flight.
+
+        Cheap to call every step: without a finished step it returns at once.
+        """
+        if not self._undigested or self.is_saving_in_progress():
+            return
+        steps, self._undigested = self._undigested, []
+        if jax.process_index() != 0:
+            return
+        for step in steps:
+            if step in self.all_steps():  # not pruned by max_to_keep meanwhile
+                write_model_digests(self.directory / str(step))
 
     def reached_preemption(self, step: int) -> bool:
         with self._preemption_lock:
@@ -154,6 +271,8 @@ class CheckpointHook(StepAnchoredAction):
         return self._preempted_at is not None
 
     def _should_trigger(self, step: int, t: float) -> bool:
+        if isinstance(self.manager, _InOrderPreemptionManager):
+            self.manager.write_finished_digests()  # of a save finished since the last step
         # Every process asks at every step: the sync point is agreed on collectively.
         if self.manager.reached_preemption(step):
             self._preempted_at = step
@@ -267,6 +386,7 @@ def restore_or_initialize(
         args[DATA_ITEM] = DataCheckpointRestore(
             iterator, allow_config_change=allow_data_config_change
         )
+    check_model_digests(manager, step)
     for name in extra_items or {}:
         if name in items:
             args[name] = ocp.args.JsonRestore()

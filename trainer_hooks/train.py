@@ -40,6 +40,7 @@ from trainer_hooks.batch_log import BatchLog, batch_fingerprint
 from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
 from trainer_hooks.config import with_defaults
 from trainer_hooks.data_metrics import DataMetricsHook
+from trainer_hooks.lost_process import die_with_parent, in_child, run_watched
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
 from trainer_hooks.progress import ProgressHook
 from trainer_hooks.writers import WRITER_KINDS, make_writer
@@ -463,6 +464,17 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None or not _WORKDIR.value:
         raise app.UsageError("--config and --workdir are required")
+    debug = _DEBUG.value or os.environ.get("XLSTM_DATA_DEBUG", "") not in ("", "0")
+    distributed = bool(
+        _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS") or _DISTRIBUTED.value
+    )
+    if in_child():
+        die_with_parent()
+    elif distributed and not debug:
+        # A lost process aborts the others inside JAX: trained in a child, whose
+        # abort this process turns into one line (see trainer_hooks.lost_process).
+        num_processes = _NUM_PROCESSES.value or _env_int("JAX_NUM_PROCESSES")
+        sys.exit(run_watched(sys.argv[1:], num_processes, _HEARTBEAT_TIMEOUT.value))
     if not _VERBOSE.value:
         logging.get_absl_handler().addFilter(_OwnInfoOnly())
     _start_processes()
@@ -470,10 +482,21 @@ def main(argv: list[str]) -> None:
         summary = train(_CONFIG.value, _WORKDIR.value)
     except (DataConfigError, DataCheckpointError, DataReadError) as error:
         # A user's error: its message names the key, file or record and what is valid.
-        if _DEBUG.value or os.environ.get("XLSTM_DATA_DEBUG", "") not in ("", "0"):
+        if debug:
             raise
         print(f"error: {error} (--debug shows where)", file=sys.stderr)
         sys.exit(1)
+    except Exception as error:
+        if in_child() and jax.process_count() > 1 and "Gloo" in str(error):
+            # A collective's peer closed its connection: a process was probably lost.
+            # JAX names it once its heartbeats are missed, and aborts this process;
+            # the watching parent turns that into one line.
+            logging.warning(
+                "a collective failed (%s); waiting for JAX to name the lost process",
+                str(error).splitlines()[0][:200],
+            )
+            time.sleep(_HEARTBEAT_TIMEOUT.value + 20)
+        raise
     if jax.process_index() == 0:
         if summary["preempted"]:
             print(f"pre-empted: step {summary['final_step']} is saved; rerun to resume")

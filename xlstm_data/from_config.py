@@ -270,6 +270,9 @@ def _open(key: str, spec: SourceConfig) -> Any:
         source = spec.build()
         if isinstance(source, ArrayRecordSource):
             source = auto_index.with_lengths(key, source, spec.build)
+        check_files = getattr(source, "check_files", None)
+        if check_files is not None:  # cheap checks of damaged shards, before any step
+            check_files()
         return source
     except (DataConfigError, DataReadError) as error:
         raise type(error)(f"{key} (kind {spec.kind!r}): {error}") from error

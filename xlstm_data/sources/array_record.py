@@ -318,7 +318,11 @@ class ArrayRecordSource(TokenSource):
         try:
             raw = self._source(file_idx)[local]
         except Exception as e:
-            raise DataReadError(f"{where()}: could not be read ({type(e).__name__}: {e}).") from e
+            raise DataReadError(
+                f"{where()}: could not be read ({type(e).__name__}: {e}); the file is damaged: "
+                "write it again (`xlstm-data prepare` with the same inputs and --output rewrites "
+                "prepared shards)."
+            ) from e
         return self._decode(raw, where)
 
     def _decode(self, raw: bytes, where: Any) -> np.ndarray:

@@ -198,6 +198,22 @@ class FlatTokenSource(TokenSource):
             )
         return tokens_array, offsets
 
+    def check_files(self) -> None:
+        """Checks every shard's headers and offsets' ends now, before training reads any.
+
+        Reads a few bytes per file (the `.npy` headers, the first and last
+        offset), never the tokens, so garbage in a header or an offsets
+        file's ends is one error at start-up rather than hours into a run.
+        Ids are checked against the vocabulary on every read, and offsets
+        inside the file when their documents are read. The maps are kept for
+        this process's reads.
+
+        Raises:
+          DataReadError: Naming the damaged file (see `_open`).
+        """
+        for shard in range(len(self._files)):
+            self._map(shard)
+
     # Reading ------------------------------------------------------------------
 
     @property
@@ -289,8 +305,8 @@ class FlatTokenSource(TokenSource):
         tokens, offsets = self._map(shard)
         begin = offsets[local]
         end = offsets[local + 1]
-        if not ((begin <= end).all() and int(end.max()) <= len(tokens)):
-            bad = int(np.flatnonzero((begin > end) | (end > len(tokens)))[0])
+        if not ((begin <= end).all() and int(begin.min()) >= 0 and int(end.max()) <= len(tokens)):
+            bad = int(np.flatnonzero((begin > end) | (begin < 0) | (end > len(tokens)))[0])
             raise DataReadError(
                 f"FlatTokenSource: {offsets_path(self._files[shard])}: document "
                 f"{int(local[bad])} (global index {int(global_index[bad])}) has offsets "
