@@ -17,9 +17,15 @@ from xlstm_data.plan.permutation import FeistelPermutation, derive_seed
 #: (4 bytes a document), computed from the same Feistel network: identical
 #: orders, ~100x fewer numpy calls per block for small sources.
 TABLE_MAX_DOCUMENTS = 1 << 20
-#: Table entries kept over all cached epochs (32 MB): streams of a small
-#: source are often in different epochs at once.
-TABLE_BUDGET = 1 << 23
+#: Epoch permutations kept per source, the most recently used. A walker moves
+#: forward and a block never spans two epochs, so a planner needs one epoch at
+#: a time; the second covers the walker that a restart leaves behind. Kept per
+#: byte budget (32 MB) instead, a small source's tables were never dropped:
+#: every grain worker's RSS grew with each epoch it planned (tracemalloc:
+#: this cache was the only growing allocation, 1 MB per 50k steps of the
+#: demo, more for larger sources), a table for a source of N documents every
+#: N documents, with no plateau before 32 MB per source.
+EPOCHS_KEPT = 2
 
 
 class SourceOrder:
@@ -40,16 +46,16 @@ class SourceOrder:
         self._epochs: dict[int, FeistelPermutation | np.ndarray] = {}
 
     def _permutation(self, epoch: int) -> FeistelPermutation | np.ndarray:
-        permutation = self._epochs.get(epoch)
+        permutation = self._epochs.pop(epoch, None)
         if permutation is None:
-            if len(self._epochs) >= max(4, TABLE_BUDGET // self.num_documents):
-                self._epochs.pop(min(self._epochs))
+            while len(self._epochs) >= EPOCHS_KEPT:
+                del self._epochs[next(iter(self._epochs))]  # the least recently used
             permutation = FeistelPermutation(
                 self.num_documents, derive_seed(self._seed, "order", self._name, epoch)
             )
             if self.num_documents <= TABLE_MAX_DOCUMENTS:
                 permutation = permutation(np.arange(self.num_documents)).astype(np.int32)
-            self._epochs[epoch] = permutation
+        self._epochs[epoch] = permutation  # now the most recently used
         return permutation
 
     def without_cache(self) -> SourceOrder:
