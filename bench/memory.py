@@ -1,7 +1,7 @@
 """Memory: resident set size (RSS) of the process over 100,000 train-iterator steps.
 
 The demo's train iterator (configs/demo.py data: the 2-component standard
-library mixture, packed rows of 128, the 3-stage batch-size ramp-up to 16
+library mixture, packed rows of 128, the 3-stage batch-size ramp-up to 32
 rows) is advanced 100,000 steps (issue 14, target 6: growth < 20 MB), the
 batches dropped as a training loop would, and the process's RSS sampled every
 500 steps. Growth is the RSS at
@@ -202,7 +202,7 @@ def payload(
     return {
         "settings": {
             **dataclasses.asdict(sizes),
-            "iterator": "configs/demo.py data, train iterator (ramp-up 4/8/16 rows of 128)",
+            "iterator": "configs/demo.py data, train iterator (ramp-up 8/16/32 rows of 128)",
             "growth": "RSS at the last step minus RSS after the first batch",
             "worker_soak": {
                 **dataclasses.asdict(soak_sizes),
