@@ -1,7 +1,7 @@
 """Memory: resident set size (RSS) of the process over 100,000 train-iterator steps.
 
 The demo's train iterator (configs/demo.py data: the 2-component standard
-library mixture, packed rows of 128, the 3-stage batch-size ramp-up to 16
+library mixture, packed rows of 128, the 3-stage batch-size ramp-up to 32
 rows) is advanced 100,000 steps (issue 14, target 6: growth < 20 MB), the
 batches dropped as a training loop would, and the process's RSS sampled every
 500 steps. Growth is the RSS at
@@ -9,10 +9,19 @@ the last step minus the RSS after the first batch (so one-time start-up is
 not counted, everything after it is); the growth after the first 10% of the
 steps is reported too, to tell warm-up from a steady leak. Repeats build a
 fresh iterator in the same process. Tiny mode runs 400 steps.
+
+The worker soak (issue 25, item 8: growth < 2 MB per worker from step 10,000
+to step 100,000) runs the same iterator with 2 grain worker processes, which
+then plan and assemble every step, and samples each worker's RSS (and its
+anonymous, file and shared-memory parts, to tell a heap leak from pages of
+mapped files or segments) every 1,000 steps. Workers only ever walk forward,
+so state that grows with the step shows there first: each one's epoch-order
+cache grew by one table per epoch it planned, +0.05 MB per 1,000 steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import time
@@ -27,6 +36,9 @@ from bench import common
 
 NAME = "memory"
 TARGET_MB = 20.0
+#: Per worker, RSS growth from 10% of the soak's steps to its end (issue 25).
+WORKER_TARGET_MB = 2.0
+WORKERS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +50,8 @@ class Sizes:
 
 FULL = Sizes(100_000, 500, 1)
 TINY = Sizes(400, 20, 1)
+WORKER_FULL = Sizes(100_000, 1_000, 1)
+WORKER_TINY = Sizes(400, 40, 1)
 
 
 def _one_run(sizes: Sizes, mesh: Any) -> dict[str, Any]:
@@ -75,8 +89,83 @@ def _one_run(sizes: Sizes, mesh: Any) -> dict[str, Any]:
     }
 
 
+def _worker_memory_mb(process: Any) -> dict[str, float]:
+    """RSS of a worker and its anonymous, file-backed and shared-memory parts (MiB)."""
+    parts = {"rss_mb": process.memory_info().rss / 2**20}
+    # /proc/<pid>/status: Linux only.
+    with contextlib.suppress(OSError), open(f"/proc/{process.pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                parts[f"{key[3:].lower()}_mb"] = int(value.split()[0]) / 1024
+    return parts
+
+
+def _grain_workers() -> list[Any]:
+    """This process's grain worker processes (spawned children, not the resource tracker)."""
+    import psutil
+
+    workers = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "spawn_main" in " ".join(child.cmdline()):
+                workers.append(child)
+    return sorted(workers, key=lambda p: p.pid)
+
+
+def worker_soak(sizes: Sizes, mesh: Any) -> dict[str, Any]:
+    """Each grain worker's memory over `sizes.steps` steps of the demo with 2 workers."""
+    data = common.load_config("demo").data.to_dict()
+    data["eval"] = {}
+    data["worker_count"] = WORKERS
+    iterator, _ = xd.iterators_from_config(data, mesh)
+    steps: list[int] = []
+    samples: dict[int, list[dict[str, float]]] = {}
+    started = time.perf_counter()
+    try:
+        for step in range(1, sizes.steps + 1):
+            next(iterator)
+            if step % sizes.sample_every == 0 or step == sizes.steps:
+                workers = _grain_workers()
+                if len(workers) != WORKERS:  # not started yet (the first steps are in process)
+                    continue
+                steps.append(step)
+                for worker in workers:
+                    samples.setdefault(worker.pid, []).append(_worker_memory_mb(worker))
+    finally:
+        iterator.close()
+    elapsed = time.perf_counter() - started
+    warm = next(i for i, s in enumerate(steps) if s >= sizes.steps // 10)
+    workers = []
+    for pid, rows in samples.items():
+        if len(rows) != len(steps):  # a worker restarted: its curve is not one process's
+            raise RuntimeError(f"grain worker {pid} was sampled {len(rows)} of {len(steps)} times")
+        rss = [r["rss_mb"] for r in rows]
+        tail = slice(warm, None)
+        slope = np.polyfit(steps[tail], rss[tail], 1)[0] if len(steps) - warm > 2 else 0.0
+        workers.append(
+            {
+                "pid": pid,
+                "rss_mb": rss,
+                "rss_at_warm_mb": rss[warm],
+                "rss_at_end_mb": rss[-1],
+                "growth_after_warmup_mb": rss[-1] - rss[warm],
+                "slope_mb_per_1k_steps": float(slope) * 1_000,
+                "parts_at_warm_mb": rows[warm],
+                "parts_at_end_mb": rows[-1],
+            }
+        )
+    return {
+        "steps": steps,
+        "warm_step": steps[warm],
+        "workers": workers,
+        "max_growth_after_warmup_mb": max(w["growth_after_warmup_mb"] for w in workers),
+        "steps_per_sec": sizes.steps / elapsed,
+    }
+
+
 def run(config: common.BenchConfig) -> dict[str, Any]:
-    """Samples RSS over the steps; writes memory.json and memory.png."""
+    """Samples RSS over the steps, in process and per worker; writes memory.json and memory.png."""
     started = time.perf_counter()
     common.ensure_flags_parsed()
     sizes = TINY if config.tiny else FULL
@@ -90,12 +179,36 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
             runs[-1]["growth_mb"],
             runs[-1]["growth_after_warmup_mb"],
         )
+    soak_sizes = WORKER_TINY if config.tiny else WORKER_FULL
+    soak = worker_soak(soak_sizes, mesh)
+    logging.info(
+        "bench memory worker soak: growth per worker after step %d %s MB",
+        soak["warm_step"],
+        [round(w["growth_after_warmup_mb"], 2) for w in soak["workers"]],
+    )
+    result = payload(config, sizes, runs, soak_sizes, soak)
+    return common.write_result(config, NAME, result, started)
+
+
+def payload(
+    config: common.BenchConfig,
+    sizes: Sizes,
+    runs: list[Mapping[str, Any]],
+    soak_sizes: Sizes,
+    soak: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The JSON of the in-process runs and the worker soak, with the figure."""
     growth = common.summarize([r["growth_mb"] for r in runs])
-    payload = {
+    return {
         "settings": {
             **dataclasses.asdict(sizes),
-            "iterator": "configs/demo.py data, train iterator (ramp-up 4/8/16 rows of 128)",
+            "iterator": "configs/demo.py data, train iterator (ramp-up 8/16/32 rows of 128)",
             "growth": "RSS at the last step minus RSS after the first batch",
+            "worker_soak": {
+                **dataclasses.asdict(soak_sizes),
+                "workers": WORKERS,
+                "growth": "per worker, RSS at the last step minus RSS at 10% of the steps",
+            },
         },
         "growth_mb": growth,
         "growth_after_warmup_mb": common.summarize([r["growth_after_warmup_mb"] for r in runs]),
@@ -103,6 +216,7 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
             [r["second_half_slope_mb_per_10k_steps"] for r in runs]
         ),
         "runs": runs,
+        "worker_soak": soak,
         "targets": [
             common.target(
                 "growth_mb",
@@ -110,21 +224,38 @@ def run(config: common.BenchConfig) -> dict[str, Any]:
                 "<",
                 TARGET_MB,
                 f"RSS growth < {TARGET_MB:g} MB over {sizes.steps:,} steps",
-            )
+            ),
+            common.target(
+                "worker_growth_after_warmup_mb",
+                soak["max_growth_after_warmup_mb"],
+                "<",
+                WORKER_TARGET_MB,
+                f"RSS growth of each of {WORKERS} workers < {WORKER_TARGET_MB:g} MB from step "
+                f"{soak['warm_step']:,} to step {soak['steps'][-1]:,}",
+            ),
         ],
-        "png": _plot(config, runs),
+        "png": _plot(config, runs, soak),
     }
-    return common.write_result(config, NAME, payload, started)
 
 
-def _plot(config: common.BenchConfig, runs: list[Mapping[str, Any]]) -> str:
-    figure = common.new_figure(figsize=(6, 3.8))
-    ax = figure.add_subplot()
+def _plot(
+    config: common.BenchConfig, runs: list[Mapping[str, Any]], soak: Mapping[str, Any]
+) -> str:
+    figure = common.new_figure(figsize=(11, 3.8))
+    ax = figure.add_subplot(1, 2, 1)
     for i, run_ in enumerate(runs):
         ax.plot(run_["steps"], run_["rss_mb"], label=f"run {i + 1}")
     ax.set_xlabel("step")
     ax.set_ylabel("RSS (MiB)")
-    ax.set_title(f"Resident memory of the train iterator ({config.mode} mode)")
+    ax.set_title(f"Train iterator, no workers ({config.mode} mode)")
+    ax.legend(fontsize=8)
+    ax = figure.add_subplot(1, 2, 2)
+    for i, worker in enumerate(soak["workers"]):
+        ax.plot(soak["steps"], worker["rss_mb"], label=f"worker {i}")
+    ax.axvline(soak["warm_step"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("RSS (MiB)")
+    ax.set_title(f"Each of {WORKERS} grain workers ({config.mode} mode)")
     ax.legend(fontsize=8)
     return common.save_figure(config, NAME, figure)
 
@@ -134,7 +265,7 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     growth = result["growth_mb"]
     warm = result["growth_after_warmup_mb"]
     steps = result["settings"]["steps"]
-    return [
+    rows = [
         (
             f"RSS growth over {steps:,} steps",
             f"{growth['median']:.1f} MB ({growth['min']:.1f}-{growth['max']:.1f}); "
@@ -143,3 +274,18 @@ def summary(result: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
             "yes" if result["targets"][0]["met"] else "NO",
         )
     ]
+    soak = result.get("worker_soak")
+    if soak is not None:
+        per_worker = ", ".join(
+            f"{w['growth_after_warmup_mb']:.2f} MB ({w['slope_mb_per_1k_steps']:.3f} MB/1k steps)"
+            for w in soak["workers"]
+        )
+        rows.append(
+            (
+                f"RSS growth per worker, step {soak['warm_step']:,} to {soak['steps'][-1]:,}",
+                per_worker,
+                f"< {WORKER_TARGET_MB:g} MB",
+                "yes" if result["targets"][1]["met"] else "NO",
+            )
+        )
+    return rows

@@ -96,6 +96,13 @@ def test_memory(results):
     assert run_["steps"][0] == 1 and run_["steps"][-1] == 400
     assert all(math.isfinite(v) and v > 0 for v in run_["rss_mb"])
     assert math.isfinite(result["growth_mb"]["median"])
+    soak = result["worker_soak"]
+    assert soak["steps"][-1] == 400 and soak["warm_step"] == 40
+    assert len(soak["workers"]) == 2
+    for worker in soak["workers"]:
+        assert len(worker["rss_mb"]) == len(soak["steps"])
+        assert all(math.isfinite(v) and v > 0 for v in worker["rss_mb"])
+        assert math.isfinite(worker["growth_after_warmup_mb"])
 
 
 def test_plan_throughput(results):

@@ -17,6 +17,7 @@ from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataConfigError
 from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.mixture import parse_mixture_schedule
+from xlstm_data.plan.order import EPOCHS_KEPT
 from xlstm_data.plan.packing import MODES, packing_mode
 from xlstm_data.plan.permutation import FeistelPermutation
 from xlstm_data.plan.pieces import Pieces, example_tokens
@@ -205,6 +206,35 @@ def test_two_epochs_cover_each_document_twice_in_different_orders(packing):
     second = HostPlanner(plan, 0, 1)
     late = [int(d) for d in second.pieces_at(plan.num_steps() - 2).document]
     assert order1 != late
+
+
+def test_an_endless_run_keeps_a_bounded_number_of_epoch_orders():
+    """Worker memory grew with every epoch planned: each epoch's table stayed cached."""
+    plan = make_plan("constant", "best_fit")
+    planner = HostPlanner(plan, 0, 1)
+    for step in range(300):  # source b passes ~60 epochs, a ~10
+        planner.pieces_at(step)
+    assert planner.cursor_at(300).position[1] > 40 * len(SOURCES["b"])
+    assert all(len(order._epochs) <= EPOCHS_KEPT for order in plan.orders)
+    # An epoch dropped from the cache comes back identical.
+    order = plan.orders[1]
+    positions = np.arange(0, 3 * order.num_documents, 7)
+    assert np.array_equal(order.documents(positions), order.without_cache().documents(positions))
+    assert len(order._epochs) <= EPOCHS_KEPT
+
+
+def test_an_epoch_table_is_built_only_once_much_of_the_epoch_is_looked_up():
+    """A cold start needs one block of a large source: no table of 10^5 entries for it."""
+    from xlstm_data.plan.order import TABLE_AFTER_SHARE, SourceOrder
+
+    order = SourceOrder(100_000, 3, "web", True)
+    first = order.documents(np.arange(2048))
+    assert not isinstance(order._epochs[0], np.ndarray)
+    rest = order.documents(np.arange(2048, 100_000 // TABLE_AFTER_SHARE + 1))
+    assert isinstance(order._epochs[0], np.ndarray)  # the table now
+    whole = SourceOrder(100_000, 3, "web", True).documents(np.arange(100_000))
+    np.testing.assert_array_equal(np.concatenate([first, rest]), whole[: len(first) + len(rest)])
+    np.testing.assert_array_equal(order.documents(np.arange(100_000)), whole)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -17,9 +17,15 @@ from xlstm_data.plan.permutation import FeistelPermutation, derive_seed
 #: (4 bytes a document), computed from the same Feistel network: identical
 #: orders, ~100x fewer numpy calls per block for small sources.
 TABLE_MAX_DOCUMENTS = 1 << 20
-#: Table entries kept over all cached epochs (32 MB): streams of a small
-#: source are often in different epochs at once.
-TABLE_BUDGET = 1 << 23
+#: Epoch permutations kept per source, the most recently used. A walker moves
+#: forward and a block never spans two epochs (a concat block's last row may
+#: reach into the next one), so a planner needs one or two epochs at a time.
+#: Kept per byte budget (32 MB) instead, a small source's tables were never
+#: dropped: every grain worker's RSS grew with each epoch it planned
+#: (tracemalloc: this cache was the only growing allocation, 1 MB per 50k
+#: steps of the demo, more for larger sources), a table for a source of N
+#: documents every N documents, with no plateau before 32 MB per source.
+EPOCHS_KEPT = 2
 #: An epoch's table is built once this share of its positions was looked up
 #: through the network: building it for 10^6 documents cost 0.1-0.5 s of the
 #: first batch (a cold start), which needs 2,048 of them.
@@ -46,16 +52,16 @@ class SourceOrder:
 
     def _permutation(self, epoch: int, positions: int) -> FeistelPermutation | np.ndarray:
         """Epoch `epoch`'s permutation, about to be asked for `positions` positions."""
-        permutation = self._epochs.get(epoch)
+        permutation = self._epochs.pop(epoch, None)
         if permutation is None:
-            if len(self._epochs) >= max(4, TABLE_BUDGET // self.num_documents):
-                oldest = min(self._epochs)
-                self._epochs.pop(oldest)
+            while len(self._epochs) >= EPOCHS_KEPT:
+                oldest = next(iter(self._epochs))  # the least recently used
+                del self._epochs[oldest]
                 self._looked_up.pop(oldest, None)
             permutation = FeistelPermutation(
                 self.num_documents, derive_seed(self._seed, "order", self._name, epoch)
             )
-            self._epochs[epoch] = permutation
+        self._epochs[epoch] = permutation  # now the most recently used
         if (
             isinstance(permutation, FeistelPermutation)
             and self.num_documents <= TABLE_MAX_DOCUMENTS
