@@ -134,6 +134,19 @@ class InputPart:
     stop: int
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenBatch:
+    """Documents of token ids read together: their ids back to back and their lengths.
+
+    Prepared one by one, the 100,000 documents of a 51 M-token Parquet file
+    cost a vocabulary check, a cast and a write call each (17 M tokens/s in
+    all); as one batch they cost one of each per 64k rows.
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
 @dataclasses.dataclass
 class SkippedLines:
     """Bad lines skipped under skip_bad_lines: how many, and up to 3 described.
@@ -560,7 +573,8 @@ def read_documents(
     unit: str = "line",
     skip_bad_lines: bool = False,
     skipped: SkippedLines | None = None,
-) -> Iterator[str | np.ndarray]:
+    batched: bool = False,
+) -> Iterator[str | np.ndarray | TokenBatch]:
     """The part's documents: text as `str`, token ids as 1-D integer arrays.
 
     Text follows `TextFileSource`: with unit="line" every line that is not
@@ -578,6 +592,9 @@ def read_documents(
         UTF-8, not an object, no or a non-string `field`, null) instead of
         stopping; a truncated or damaged file still stops.
       skipped: Counts the skipped lines and keeps a few described.
+      batched: A Parquet or Arrow batch of token lists without nulls comes as
+        one `TokenBatch` (its documents' ids back to back and their lengths)
+        instead of one array per document.
 
     Returns:
       An iterator of the documents, in file order; the arguments are checked
@@ -623,7 +640,7 @@ def read_documents(
     if part.kind == "tokens":
         return _token_documents(part.path)
     if part.kind in ("parquet", "arrow"):
-        return _table_documents(part, field, bad)
+        return _table_documents(part, field, bad, batched)
     if unit == "file":
         return _whole_file(part)
     return _line_documents(part, field, bad)
@@ -1008,8 +1025,8 @@ def _column_kind(path: str, schema: Any, field: str) -> str:
 
 
 def _table_documents(
-    part: InputPart, field: str, bad: Callable[[DataReadError], None]
-) -> Iterator[str | np.ndarray]:
+    part: InputPart, field: str, bad: Callable[[DataReadError], None], batched: bool
+) -> Iterator[str | np.ndarray | TokenBatch]:
     """The rows of a Parquet part or Arrow file, batch by batch."""
     import pyarrow as pa
 
@@ -1037,7 +1054,7 @@ def _table_documents(
                     )
                     for batch in batches:
                         yield from _column_documents(
-                            batch.column(field), kind, row, where, field, bad
+                            batch.column(field), kind, row, where, field, bad, batched
                         )
                         row += batch.num_rows
             return
@@ -1054,7 +1071,9 @@ def _table_documents(
             end = source.tell()  # where the last message read ends
             for batch in batches:
                 end = source.tell()
-                yield from _column_documents(batch.column(field), kind, row, where, field, bad)
+                yield from _column_documents(
+                    batch.column(field), kind, row, where, field, bad, batched
+                )
                 row += batch.num_rows
             if not file_format:
                 _check_stream_end(part.path, source, end, row)
@@ -1095,7 +1114,8 @@ def _column_documents(
     where: str,
     field: str,
     bad: Callable[[DataReadError], None],
-) -> Iterator[str | np.ndarray]:
+    batched: bool = False,
+) -> Iterator[str | np.ndarray | TokenBatch]:
     """A batch's values of the column: `str`, or integer arrays without a Python int per id."""
 
     def null(row: int, what: str) -> None:
@@ -1118,6 +1138,9 @@ def _column_documents(
         value_valid = values.is_valid().to_numpy(zero_copy_only=False)
         values = pc.fill_null(values, 0)
     flat = values.to_numpy(zero_copy_only=False)
+    if batched and not inner_nulls and not column.null_count:
+        yield TokenBatch(flat, np.diff(offsets))
+        return
     valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
     for index in range(len(column)):
         if valid is not None and not valid[index]:

@@ -188,7 +188,7 @@ def write_npy_in_pieces(path: str, pieces: Iterable[np.ndarray], count: int, dty
             written += values.size
             if written > count:
                 break
-            f.write(values.tobytes())
+            f.write(memoryview(values))
     if written != count:
         remove(partial)
         raise ValueError(f"{path}: expected {count} values, the pieces held {written}")

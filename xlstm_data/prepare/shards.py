@@ -296,14 +296,18 @@ def write_shard(
     final = paths.join(directory, task.file)
     lengths: list[np.ndarray] = []
 
-    def records() -> Iterator[np.ndarray]:
+    def chunks() -> Iterator[np.ndarray]:
         for piece in task.pieces:
-            for documents in _piece_documents(piece, task, part_path):
-                lengths.append(np.fromiter(map(len, documents), np.int32, len(documents)))
-                yield from documents
+            for tokens, sizes in _piece_chunks(piece, task, part_path):
+                lengths.append(sizes.astype(np.int32))
+                yield tokens
+
+    def records() -> Iterator[np.ndarray]:
+        for tokens in chunks():
+            yield from np.split(tokens, np.cumsum(lengths[-1])[:-1])
 
     if task.layout == "flat":
-        _write_flat(task, final, records())
+        _write_flat(task, final, chunks())
     else:
         partial = paths.partial_name(final)
         with paths.local_copy_for_writing(partial) as local:
@@ -340,7 +344,7 @@ def write_shard(
     return summary
 
 
-def _write_flat(task: ShardTask, final: str, documents: Iterator[np.ndarray]) -> None:
+def _write_flat(task: ShardTask, final: str, chunks: Iterator[np.ndarray]) -> None:
     """Writes a flat shard's tokens file: the documents' ids back to back, as `token_dtype`.
 
     The ids were checked against the vocabulary when their part was tokenized;
@@ -350,21 +354,10 @@ def _write_flat(task: ShardTask, final: str, documents: Iterator[np.ndarray]) ->
     assert task.token_dtype is not None
     dtype = np.dtype(task.token_dtype).newbyteorder("<")
     upper = int(np.iinfo(dtype).max)
-
-    def chunks() -> Iterator[np.ndarray]:
-        buffered: list[np.ndarray] = []
-        size = 0
-        for document in documents:
-            buffered.append(document)
-            size += len(document)
-            if size >= _READ_TOKENS:
-                yield _narrowed(buffered, upper)
-                buffered, size = [], 0
-        if buffered:
-            yield _narrowed(buffered, upper)
-
     try:
-        paths.write_npy_in_pieces(final, chunks(), task.tokens, dtype)
+        paths.write_npy_in_pieces(
+            final, (_narrowed(chunk, upper) for chunk in chunks), task.tokens, dtype
+        )
     except ValueError as error:
         raise DataReadError(
             f"prepare: shard {task.file}: {error}, planned {task.tokens} tokens: an input "
@@ -372,8 +365,7 @@ def _write_flat(task: ShardTask, final: str, documents: Iterator[np.ndarray]) ->
         ) from error
 
 
-def _narrowed(documents: list[np.ndarray], upper: int) -> np.ndarray:
-    joined = np.concatenate(documents)
+def _narrowed(joined: np.ndarray, upper: int) -> np.ndarray:
     if joined.size and (int(joined.min()) < 0 or int(joined.max()) > upper):
         raise DataReadError(
             f"prepare: a tokenized part holds id {int(joined.max())} or {int(joined.min())}, "
@@ -388,10 +380,15 @@ def shard_lengths(task: ShardTask, work_dir: str) -> np.ndarray:
         return np.load(f)
 
 
-def _piece_documents(
+def _piece_chunks(
     piece: Piece, task: ShardTask, part_path: Callable[[str, str], str]
-) -> Iterator[list[np.ndarray]]:
-    """The piece's documents of the task's split, in chunks of about `_READ_TOKENS` tokens."""
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The piece's documents of the task's split, in chunks of about `_READ_TOKENS` tokens.
+
+    Each chunk is the kept documents' ids back to back and their lengths:
+    one read and, when the other split holds some of them, one mask, never a
+    Python step per document.
+    """
     with paths.open_file(part_path(piece.part, ".lengths.npy"), "rb") as f:
         part_lengths = np.load(f).astype(np.int64)
     lengths = part_lengths[piece.start : piece.stop]
@@ -414,7 +411,9 @@ def _piece_documents(
                     "say; delete the output's .prepare directory and rerun prepare"
                 )
             flat = np.frombuffer(raw, dtype="<i4")
-            cuts = (ends[first:stop] - base)[:-1]
-            documents = np.split(flat, cuts)
-            yield [doc for doc, kept in zip(documents, keep[first:stop], strict=True) if kept]
+            kept, sizes = keep[first:stop], lengths[first:stop]
+            if kept.all():
+                yield flat, sizes
+            elif kept.any():
+                yield flat[np.repeat(kept, sizes)], sizes[kept]
             first = stop

@@ -30,7 +30,7 @@ from absl import logging
 
 from xlstm_data.errors import DataReadError
 from xlstm_data.prepare import paths
-from xlstm_data.prepare.inputs import InputPart, SkippedLines, read_documents
+from xlstm_data.prepare.inputs import InputPart, SkippedLines, TokenBatch, read_documents
 from xlstm_data.prepare.settings import PrepareSettings, load_tokenizer
 
 PARTS_DIR = "parts"
@@ -121,24 +121,24 @@ def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
     if finished is not None:
         return finished
     skipped = SkippedLines()
-    lengths: list[int] = []
+    lengths: list[np.ndarray] = []
     tokens_path = job.path(".tokens")
     paths.makedirs(paths.join(job.work_dir, PARTS_DIR))
     partial = paths.partial_name(tokens_path)
     with paths.open_file(partial, "wb") as out:
         buffered: list[np.ndarray] = []
         pending = 0
-        for tokens in _part_tokens(job, skipped):
-            lengths.append(tokens.size)
+        for tokens, sizes in _part_tokens(job, skipped):
+            lengths.append(sizes)
             buffered.append(tokens)
             pending += tokens.size
             if pending >= _WRITE_TOKENS:
-                out.write(np.concatenate(buffered).astype("<i4", copy=False).tobytes())
+                out.write(_little_int32(buffered))
                 buffered, pending = [], 0
         if buffered:
-            out.write(np.concatenate(buffered).astype("<i4", copy=False).tobytes())
+            out.write(_little_int32(buffered))
     paths.replace(partial, tokens_path)
-    array = np.asarray(lengths, dtype=np.int32)
+    array = np.concatenate(lengths).astype(np.int32) if lengths else np.zeros(0, np.int32)
     paths.write_npy_atomically(job.path(".lengths.npy"), array)
     summary = {
         "name": job.name,
@@ -161,8 +161,12 @@ def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
     return summary
 
 
-def _part_tokens(job: PartJob, skipped: SkippedLines) -> Iterator[np.ndarray]:
-    """The part's documents as int32 ids, each checked against the corpus vocabulary."""
+def _part_tokens(job: PartJob, skipped: SkippedLines) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The part's documents as int32 ids and their lengths, checked against the vocabulary.
+
+    Token lists of a Parquet or Arrow batch come and are checked together
+    (`TokenBatch`); other documents one at a time, with a length array of one.
+    """
     settings = job.settings
     tokenizer = load_tokenizer(settings.tokenizer, settings.eod_token, settings.pad_token)
     documents = read_documents(
@@ -171,18 +175,33 @@ def _part_tokens(job: PartJob, skipped: SkippedLines) -> Iterator[np.ndarray]:
         unit=settings.unit,
         skip_bad_lines=settings.skip_bad_lines,
         skipped=skipped,
+        batched=True,
     )
-    for number, document in enumerate(documents):
-        tokens = np.asarray(tokenizer.encode(document) if isinstance(document, str) else document)
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= settings.vocab_size):
-            bad = int(tokens[(tokens < 0) | (tokens >= settings.vocab_size)][0])
-            raise DataReadError(
-                f"prepare: document {number} of {_where(job.part)} holds token id {bad}, "
-                f"outside the corpus vocabulary [0, {settings.vocab_size}) (--tokenizer="
-                f"{settings.tokenizer!r}); pass the tokenizer these ids come from (--tokenizer) "
-                "or their vocabulary size (--vocab_size)"
+    number = 0  # documents before this one
+    for document in documents:
+        if isinstance(document, TokenBatch):
+            tokens, sizes = np.asarray(document.tokens), np.asarray(document.lengths)
+        else:
+            tokens = np.asarray(
+                tokenizer.encode(document) if isinstance(document, str) else document
             )
-        yield tokens.astype(np.int32, copy=False)
+            sizes = np.array([tokens.size], dtype=np.int64)
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= settings.vocab_size):
+            at = int(np.flatnonzero((tokens < 0) | (tokens >= settings.vocab_size))[0])
+            which = number + int(np.searchsorted(np.cumsum(sizes), at, side="right"))
+            raise DataReadError(
+                f"prepare: document {which} of {_where(job.part)} holds token id "
+                f"{int(tokens[at])}, outside the corpus vocabulary [0, {settings.vocab_size}) "
+                f"(--tokenizer={settings.tokenizer!r}); pass the tokenizer these ids come from "
+                "(--tokenizer) or their vocabulary size (--vocab_size)"
+            )
+        number += len(sizes)
+        yield tokens.astype(np.int32, copy=False), sizes
+
+
+def _little_int32(arrays: list[np.ndarray]) -> memoryview:
+    """The arrays' ids as one little-endian int32 buffer, written without another copy."""
+    return memoryview(np.concatenate(arrays, dtype="<i4", casting="same_kind"))
 
 
 def _where(part: InputPart) -> str:
