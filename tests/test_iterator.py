@@ -163,8 +163,10 @@ def test_restore_refuses_what_it_cannot_continue(mesh, tmp_path):
 
 
 class _BrokenDocuments(_CountingDocuments):
+    """Fails once the documents were counted (200 reads) and 10 more were read."""
+
     def __getitem__(self, index):
-        if len(self.read) > 300:
+        if len(self.read) > 210:
             raise RuntimeError("disk on fire")
         return super().__getitem__(index)
 

@@ -12,7 +12,8 @@ So `trainer_hooks.train` of a multi-process run trains in a child process
 JAX's report of unhealthy tasks appears. From there it holds the rest back
 and, when the child then dies, prints one line naming the lost process and
 exits 1. Any other ending passes through unchanged: the child's output as
-it came and its exit status (128 + N for signal N, as a shell reports it).
+it came and its exit status; a child ended by signal N ends this process by
+signal N too, so a caller sees what an unwatched run would give.
 
 The child runs in its own session, so a signal sent to the parent's process
 group (SLURM's pre-emption SIGTERM) reaches it once, forwarded by the
@@ -111,4 +112,8 @@ def run_watched(argv: Sequence[str], num_processes: int | None, heartbeat_secs: 
         return 1
     out.write("".join(held).encode())
     out.flush()
-    return code if code >= 0 else 128 - code
+    if code < 0:  # ended by a signal: end the same way, as an unwatched run would
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)  # ours forwards it
+        os.kill(os.getpid(), -code)
+    return code

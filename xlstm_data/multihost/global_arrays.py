@@ -7,6 +7,7 @@ those rows, and processes that replicate the same rows pass identical data.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from typing import Any
@@ -59,17 +60,14 @@ class StepTransfer:
         self._names = tuple(names)
         self._sharding = sharding
         self._host_count = host_count
-        self._splits: dict[tuple[int, ...], futures.Future] = {}
 
     def __call__(self, blocks: np.ndarray) -> list[dict[str, jax.Array]]:
         """Per step, `{name: jax.Array [host_rows * host_count, L]}`, sharded by `sharding`."""
         shape = (*blocks.shape[:2], blocks.shape[2] * self._host_count, *blocks.shape[3:])
-        key = (*shape, blocks.dtype.num)
-        split = self._splits.get(key)
+        key = (self._names, self._sharding, shape, blocks.dtype.str)
+        split = _SPLITS.get(key)
         if split is None:
-            split = self._splits[key] = _COMPILER.submit(
-                _compiled_split, self._names, self._sharding, shape, blocks.dtype
-            )
+            split = _SPLITS[key] = _compile_in_background(*key)
         if not split.done():
             return [
                 form_global_batch(
@@ -84,12 +82,31 @@ class StepTransfer:
         return split.result()(whole)
 
 
-#: Compiles splits off the loader's path; one thread is enough (a few per run).
-_COMPILER = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-compile")
+#: Splits by (names, sharding, shape, dtype), shared by every iterator of the
+#: process (an eval iterator rebuilt per pass compiles nothing again).
+_SPLITS: dict[tuple[Any, ...], futures.Future] = {}
+
+
+def _compile_in_background(*key: Any) -> futures.Future:
+    """`_compiled_split(*key)` in a daemon thread: a compile never delays an exit.
+
+    A pool's thread is joined at exit; a process of a multi-process run that
+    waited there for a compile reached JAX's shutdown barrier late.
+    """
+    split: futures.Future = futures.Future()
+
+    def compile_split() -> None:
+        try:
+            split.set_result(_compiled_split(*key))
+        except BaseException as error:  # noqa: BLE001 - raised where the split is used
+            split.set_exception(error)
+
+    threading.Thread(target=compile_split, name="xlstm-data-compile", daemon=True).start()
+    return split
 
 
 def _compiled_split(
-    names: tuple[str, ...], sharding: NamedSharding, shape: tuple[int, ...], dtype: np.dtype
+    names: tuple[str, ...], sharding: NamedSharding, shape: tuple[int, ...], dtype: str
 ) -> Any:
     """The compiled `blocks -> [{name: blocks[s, i]}]` whose outputs have `sharding`."""
     whole_sharding = NamedSharding(sharding.mesh, PartitionSpec(None, None, *sharding.spec))
