@@ -225,12 +225,12 @@ def test_an_endless_run_keeps_a_bounded_number_of_epoch_orders():
 
 def test_an_epoch_table_is_built_only_once_much_of_the_epoch_is_looked_up():
     """A cold start needs one block of a large source: no table of 10^5 entries for it."""
-    from xlstm_data.plan.order import TABLE_AFTER_SHARE, SourceOrder
+    from xlstm_data.plan.order import TABLE_AFTER_POSITIONS, SourceOrder
 
     order = SourceOrder(100_000, 3, "web", True)
     first = order.documents(np.arange(2048))
     assert not isinstance(order._epochs[0], np.ndarray)
-    rest = order.documents(np.arange(2048, 100_000 // TABLE_AFTER_SHARE + 1))
+    rest = order.documents(np.arange(2048, TABLE_AFTER_POSITIONS + 1))
     assert isinstance(order._epochs[0], np.ndarray)  # the table now
     whole = SourceOrder(100_000, 3, "web", True).documents(np.arange(100_000))
     np.testing.assert_array_equal(np.concatenate([first, rest]), whole[: len(first) + len(rest)])

@@ -7,9 +7,7 @@ those rows, and processes that replicate the same rows pass identical data.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent import futures
 from typing import Any
 
 import jax
@@ -45,10 +43,12 @@ class StepTransfer:
     per step of 8 x 1024 rows and 7 fields on one CPU device, 0.66 ms CPU
     sent alone and 0.16 ms sent 8 at a time (most of it is JAX's dispatch,
     not the copy). Compiling that split takes 0.1-0.5 s, more than a whole
-    cold start should, so it compiles in a background thread; until it is
-    ready each step is sent as a pytree of fields, which needs no compile.
-    The split has no collective, so processes may run it in any order
-    relative to their train steps.
+    cold start should, so the first `PYTREE_GROUPS` groups are sent as
+    pytrees of fields, which need no compile, and the split is compiled in
+    the calling thread (the prefetch thread) after them, once per shape and
+    process. A background compile was tried: a process then either waited
+    for it at exit or ended inside it. The split has no collective, so
+    processes may run it in any order relative to their train steps.
 
     Args:
       names: The fields, in block order.
@@ -60,49 +60,31 @@ class StepTransfer:
         self._names = tuple(names)
         self._sharding = sharding
         self._host_count = host_count
+        self._calls = 0
 
     def __call__(self, blocks: np.ndarray) -> list[dict[str, jax.Array]]:
         """Per step, `{name: jax.Array [host_rows * host_count, L]}`, sharded by `sharding`."""
         shape = (*blocks.shape[:2], blocks.shape[2] * self._host_count, *blocks.shape[3:])
         key = (self._names, self._sharding, shape, blocks.dtype.str)
+        self._calls += 1
         split = _SPLITS.get(key)
+        if split is None and self._calls <= PYTREE_GROUPS:
+            fields = [dict(zip(self._names, block, strict=True)) for block in blocks]
+            return [form_global_batch(f, self._sharding, self._host_count) for f in fields]
         if split is None:
-            split = _SPLITS[key] = _compile_in_background(*key)
-        if not split.done():
-            return [
-                form_global_batch(
-                    dict(zip(self._names, block, strict=True)), self._sharding, self._host_count
-                )
-                for block in blocks
-            ]
+            split = _SPLITS[key] = _compiled_split(*key)
         whole_sharding = NamedSharding(
             self._sharding.mesh, PartitionSpec(None, None, *self._sharding.spec)
         )
         whole = jax.make_array_from_process_local_data(whole_sharding, blocks, shape)
-        return split.result()(whole)
+        return split(whole)
 
 
-#: Splits by (names, sharding, shape, dtype), shared by every iterator of the
-#: process (an eval iterator rebuilt per pass compiles nothing again).
-_SPLITS: dict[tuple[Any, ...], futures.Future] = {}
-
-
-def _compile_in_background(*key: Any) -> futures.Future:
-    """`_compiled_split(*key)` in a daemon thread: a compile never delays an exit.
-
-    A pool's thread is joined at exit; a process of a multi-process run that
-    waited there for a compile reached JAX's shutdown barrier late.
-    """
-    split: futures.Future = futures.Future()
-
-    def compile_split() -> None:
-        try:
-            split.set_result(_compiled_split(*key))
-        except BaseException as error:  # noqa: BLE001 - raised where the split is used
-            split.set_exception(error)
-
-    threading.Thread(target=compile_split, name="xlstm-data-compile", daemon=True).start()
-    return split
+#: Groups sent as pytrees before the split is compiled (per transfer).
+PYTREE_GROUPS = 8
+#: Compiled splits by (names, sharding, shape, dtype), shared by every iterator
+#: of the process (an eval iterator rebuilt per pass compiles nothing again).
+_SPLITS: dict[tuple[Any, ...], Any] = {}
 
 
 def _compiled_split(

@@ -26,10 +26,13 @@ TABLE_MAX_DOCUMENTS = 1 << 20
 #: steps of the demo, more for larger sources), a table for a source of N
 #: documents every N documents, with no plateau before 32 MB per source.
 EPOCHS_KEPT = 2
-#: An epoch's table is built once this share of its positions was looked up
-#: through the network: building it for 10^6 documents cost 0.1-0.5 s of the
-#: first batch (a cold start), which needs 2,048 of them.
+#: An epoch's table is built once this share of its positions, or
+#: `TABLE_AFTER_POSITIONS` of them, was looked up through the network:
+#: building it for 10^6 documents cost 0.1-0.5 s of the first batch (a cold
+#: start), which needs 2,048 of them, while small blocks looked up one by one
+#: cost ~50 numpy calls each.
 TABLE_AFTER_SHARE = 8
+TABLE_AFTER_POSITIONS = 1 << 14
 
 
 class SourceOrder:
@@ -68,7 +71,7 @@ class SourceOrder:
         ):
             looked_up = self._looked_up.get(epoch, 0) + positions
             self._looked_up[epoch] = looked_up
-            if looked_up * TABLE_AFTER_SHARE >= self.num_documents:
+            if looked_up >= min(self.num_documents // TABLE_AFTER_SHARE, TABLE_AFTER_POSITIONS):
                 permutation = permutation(np.arange(self.num_documents)).astype(np.int32)
                 self._epochs[epoch] = permutation
         return permutation
