@@ -60,6 +60,7 @@ class StepTransfer:
         self._names = tuple(names)
         self._sharding = sharding
         self._host_count = host_count
+        self._whole_sharding = _steps_sharding(sharding)
         self._calls = 0
 
     def __call__(self, blocks: np.ndarray) -> list[dict[str, jax.Array]]:
@@ -73,10 +74,7 @@ class StepTransfer:
             return [form_global_batch(f, self._sharding, self._host_count) for f in fields]
         if split is None:
             split = _SPLITS[key] = _compiled_split(*key)
-        whole_sharding = NamedSharding(
-            self._sharding.mesh, PartitionSpec(None, None, *self._sharding.spec)
-        )
-        whole = jax.make_array_from_process_local_data(whole_sharding, blocks, shape)
+        whole = jax.make_array_from_process_local_data(self._whole_sharding, blocks, shape)
         return split(whole)
 
 
@@ -91,10 +89,15 @@ def _compiled_split(
     names: tuple[str, ...], sharding: NamedSharding, shape: tuple[int, ...], dtype: str
 ) -> Any:
     """The compiled `blocks -> [{name: blocks[s, i]}]` whose outputs have `sharding`."""
-    whole_sharding = NamedSharding(sharding.mesh, PartitionSpec(None, None, *sharding.spec))
     steps = shape[0]
     split = jax.jit(
         lambda whole: [{name: whole[s, i] for i, name in enumerate(names)} for s in range(steps)],
         out_shardings=sharding,
     )
-    return split.lower(jax.ShapeDtypeStruct(shape, dtype, sharding=whole_sharding)).compile()
+    whole = jax.ShapeDtypeStruct(shape, dtype, sharding=_steps_sharding(sharding))
+    return split.lower(whole).compile()
+
+
+def _steps_sharding(sharding: NamedSharding) -> NamedSharding:
+    """`sharding` of a field's rows, for a block `[steps, fields, rows, L]` of them."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, None, *sharding.spec))

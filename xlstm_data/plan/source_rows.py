@@ -126,7 +126,6 @@ class SourceRows:
             cut = sizes[: k + 1].copy()
             cut[k] = taken
             parts.append((documents[: k + 1], cut))
-            need = 0
             position += k
             if taken == int(sizes[k]):
                 return *_joined(parts), position + 1, 0
