@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 
 
@@ -377,6 +378,8 @@ def main() -> None:
     parser.add_argument("--params", default="{}")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    # A process that JAX aborts (a peer missed a barrier) shows where each thread was.
+    faulthandler.enable(all_threads=True)
 
     import jax
 

@@ -21,6 +21,8 @@ import time
 import weakref
 from pathlib import Path
 
+import grain
+import numpy as np
 import psutil
 import pytest
 
@@ -353,3 +355,30 @@ def test_prefetcher_thread_stops_when_its_owner_is_dropped():
     assert rest == list(range(2, 2 + len(rest))) and 1 <= len(rest) <= 3
     prefetcher.thread.join(timeout=10)
     assert not prefetcher.thread.is_alive()
+
+
+def _a_step_of_a_chunk(index: int) -> dict:
+    """A step's fields as `PlannedBatchDataset` gives them: rows of a larger block."""
+    block = np.full((7, 2 * 24, 512), index, dtype=np.int32)
+    return {"fields": block[:, 24:], "data_step": np.int64(index)}
+
+
+def test_a_slice_of_a_chunk_leaves_a_worker_through_shared_memory():
+    """Non-contiguous fields went through the worker's pipe, 344 KB a step.
+
+    A worker stopped with one in its queue blocked at exit for 25 s, and the
+    other host's JAX shutdown barrier timed out (a CI failure).
+    """
+    from xlstm_data.multihost.workers import prefetch_in_workers
+
+    dataset = grain.MapDataset.range(3).map(_a_step_of_a_chunk).to_iter_dataset()
+    options = grain.MultiprocessingOptions(num_workers=1, per_worker_buffer_size=1)
+    iterator = iter(prefetch_in_workers(dataset, options))
+    try:
+        element = next(iterator)
+        # grain hands shared-memory arrays back as its own ndarray subclass.
+        assert type(element["fields"]).__name__ == "SharedMemoryArray"
+        assert (np.asarray(element["fields"]) == 0).all()
+        assert element["fields"].shape == (7, 24, 512)
+    finally:
+        iterator.close()

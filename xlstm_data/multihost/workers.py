@@ -22,6 +22,8 @@ import time
 from typing import Any
 
 import grain
+import jax
+import numpy as np
 from absl import flags, logging
 
 from xlstm_data.errors import DataConfigError
@@ -195,4 +197,19 @@ def prefetch_in_workers(
         dataset = grain.experimental.WithOptionsIterDataset(
             dataset, grain.experimental.DatasetOptions(min_shm_size=MIN_SHARED_MEMORY_BYTES)
         )
+    dataset = dataset.map(_contiguous_arrays)
     return dataset.mp_prefetch(options, worker_init_fn=ExitWithParent())
+
+
+def _contiguous_arrays(element: Any) -> Any:
+    """`element` with every array C-contiguous, so grain can put it in shared memory.
+
+    grain pickles a non-contiguous array through the worker's pipe whatever
+    its size. A step assembled with the steps after it (`CHUNK_ROWS`) is a
+    slice of their block: 344 KB a step went through the pipe, and a worker
+    stopped with one in its queue blocked at exit for 25 s (py-spy:
+    `Queue._finalize_join`), past JAX's shutdown barrier on the other host.
+    """
+    return jax.tree.map(
+        lambda leaf: np.ascontiguousarray(leaf) if isinstance(leaf, np.ndarray) else leaf, element
+    )

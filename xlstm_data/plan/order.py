@@ -26,6 +26,11 @@ TABLE_MAX_DOCUMENTS = 1 << 20
 #: steps of the demo, more for larger sources), a table for a source of N
 #: documents every N documents, with no plateau before 32 MB per source.
 EPOCHS_KEPT = 2
+#: ...or as many as `SMALL_EPOCHS_POSITIONS` positions hold, more for a small
+#: source: a concat row of 10-document epochs reaches across several epochs,
+#: and keeping two made every block rebuild them (3,844 permutations in 3
+#: steps of 64 rows, 1 s a step).
+SMALL_EPOCHS_POSITIONS = 1 << 16
 #: An epoch's table is built once this share of its positions, or
 #: `TABLE_AFTER_POSITIONS` of them, was looked up through the network:
 #: building it for 10^6 documents cost 0.1-0.5 s of the first batch (a cold
@@ -52,12 +57,13 @@ class SourceOrder:
         self._shuffle = shuffle
         self._epochs: dict[int, FeistelPermutation | np.ndarray] = {}
         self._looked_up: dict[int, int] = {}  # per epoch, positions asked of the network
+        self._epochs_kept = max(EPOCHS_KEPT, SMALL_EPOCHS_POSITIONS // self.num_documents)
 
     def _permutation(self, epoch: int, positions: int) -> FeistelPermutation | np.ndarray:
         """Epoch `epoch`'s permutation, about to be asked for `positions` positions."""
         permutation = self._epochs.pop(epoch, None)
         if permutation is None:
-            while len(self._epochs) >= EPOCHS_KEPT:
+            while len(self._epochs) >= self._epochs_kept:
                 oldest = next(iter(self._epochs))  # the least recently used
                 del self._epochs[oldest]
                 self._looked_up.pop(oldest, None)
