@@ -108,7 +108,7 @@ def _units(pieces: Pieces, unit: str, sources: int) -> np.ndarray:
     return np.bincount(pieces.source[chosen], weights=weights, minlength=sources)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=15)
 @given(plans(steps=600, max_documents=10**5, max_rows=256))
 def test_every_long_stage_serves_its_weights_within_one_point(drawn):
     plan, _ = drawn  # the global batch does not depend on the host count (test_plan)
@@ -149,7 +149,7 @@ def test_a_stage_changes_no_row_before_it_starts(drawn, data):
         assert a.equals(b)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=15)
 @given(plans(steps=200, max_documents=300, max_rows=64))
 def test_no_piece_is_served_twice_before_its_epoch_is_complete(drawn):
     plan, hosts = drawn
