@@ -395,7 +395,12 @@ def main() -> None:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
-    result = SCENARIOS[args.scenario](json.loads(args.params))
+    params = json.loads(args.params)
+    if "pytree_steps" in params:  # 0: every step through the compiled split
+        from xlstm_data.multihost import global_arrays
+
+        global_arrays.PYTREE_STEPS = params["pytree_steps"]
+    result = SCENARIOS[args.scenario](params)
     with open(args.out, "w") as f:
         json.dump(result, f)
     jax.distributed.shutdown()

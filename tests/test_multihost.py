@@ -53,7 +53,13 @@ def test_one_epoch_covers_every_document_once(tmp_path, num_processes, packing):
 
 
 def test_tp_spanning_two_processes_loads_identical_rows(tmp_path):
-    params = {"num_docs": 20, "global_batch_size": 4, "device_order": "tp_across_processes"}
+    # Every step through the compiled split: from local rows on two processes.
+    params = {
+        "num_docs": 20,
+        "global_batch_size": 4,
+        "device_order": "tp_across_processes",
+        "pytree_steps": 0,
+    }
     results = run_processes("epoch", 2, tmp_path, params)
     assert [r["host_count"] for r in results] == [1, 1]
     assert results[0]["steps"] == results[1]["steps"]
@@ -63,7 +69,12 @@ def test_tp_spanning_two_processes_loads_identical_rows(tmp_path):
 
 def test_tp_over_two_of_four_processes(tmp_path):
     # 8 devices, tp=4 spans processes {0,1} and {2,3}: two data-loading hosts.
-    params = {"num_docs": 30, "global_batch_size": 4, "mesh": "dp:1,fsdp:2,tp:4,sp:1"}
+    params = {
+        "num_docs": 30,
+        "global_batch_size": 4,
+        "mesh": "dp:1,fsdp:2,tp:4,sp:1",
+        "pytree_steps": 0,  # every step through the compiled split
+    }
     results = run_processes("epoch", 4, tmp_path, params)
     assert [r["host_index"] for r in results] == [0, 0, 1, 1]
     tokens = _tokens_by_data_host(results)
@@ -82,7 +93,7 @@ def test_drop_remainder_stops_all_hosts_at_the_first_end(tmp_path):
 
 
 def test_rampup_restore_inside_and_across_stages_on_two_processes(tmp_path):
-    params = {"restore_steps": [1, 3, 4, 6, 7]}
+    params = {"restore_steps": [1, 3, 4, 6, 7], "pytree_steps": 1}  # both transfers
     results = run_processes("rampup_resume", 2, tmp_path, params)
     expected = [[8, 32]] * 3 + [[12, 32]] * 3 + [[16, 32]] * 3
     for result in results:

@@ -37,18 +37,23 @@ def form_global_batch(
 
 
 class StepTransfer:
-    """Sends several steps' fields, held as `[steps, fields, rows, L]`, to the devices.
+    """Sends a step's fields, held as one block `[fields, rows, L]`, to the devices.
 
-    One transfer and one compiled split into the fields for all the steps:
-    per step of 8 x 1024 rows and 7 fields on one CPU device, 0.66 ms CPU
-    sent alone and 0.16 ms sent 8 at a time (most of it is JAX's dispatch,
-    not the copy). Compiling that split takes 0.1-0.5 s, more than a whole
-    cold start should, so the first `PYTREE_GROUPS` groups are sent as
-    pytrees of fields, which need no compile, and the split is compiled in
-    the calling thread (the prefetch thread) after them, once per shape and
-    process. A background compile was tried: a process then either waited
-    for it at exit or ended inside it. The split has no collective, so
-    processes may run it in any order relative to their train steps.
+    One transfer of the block and one compiled split into its fields. Per
+    step of 8 x 1024 rows and 7 fields on one CPU device: 0.77 ms CPU sent as
+    a pytree of fields (`form_global_batch`, JAX's per-array dispatch), 0.08
+    ms as one block through the compiled split, which on one process takes
+    the numpy block itself (its C++ argument transfer). Sending 8 steps per
+    transfer saved nothing more and took 1.4 s to compile (56 outputs)
+    against 0.27 s for one step's 7.
+
+    The first `PYTREE_STEPS` steps of a transfer go as pytrees, which need
+    no compile: a cold start or a short eval pass does not wait for one. The
+    split is then compiled in the calling thread (the prefetch thread), once
+    per shape and process. A background compile was tried: a process then
+    either waited for it at exit or ended inside it. The split has no
+    collective, so processes may run it in any order relative to their
+    train steps.
 
     Args:
       names: The fields, in block order.
@@ -60,26 +65,30 @@ class StepTransfer:
         self._names = tuple(names)
         self._sharding = sharding
         self._host_count = host_count
-        self._whole_sharding = _steps_sharding(sharding)
+        self._block_sharding = _block_sharding(sharding)
+        # One process holds the whole global block: the split's own argument
+        # transfer places it. Several make it from their local rows.
+        self._local_is_global = jax.process_count() == 1
         self._calls = 0
 
-    def __call__(self, blocks: np.ndarray) -> list[dict[str, jax.Array]]:
-        """Per step, `{name: jax.Array [host_rows * host_count, L]}`, sharded by `sharding`."""
-        shape = (*blocks.shape[:2], blocks.shape[2] * self._host_count, *blocks.shape[3:])
-        key = (self._names, self._sharding, shape, blocks.dtype.str)
+    def __call__(self, block: np.ndarray) -> dict[str, jax.Array]:
+        """`{name: jax.Array [host_rows * host_count, L]}`, sharded by `sharding`."""
+        shape = (block.shape[0], block.shape[1] * self._host_count, *block.shape[2:])
+        key = (self._names, self._sharding, shape, block.dtype.str)
         self._calls += 1
         split = _SPLITS.get(key)
-        if split is None and self._calls <= PYTREE_GROUPS:
-            fields = [dict(zip(self._names, block, strict=True)) for block in blocks]
-            return [form_global_batch(f, self._sharding, self._host_count) for f in fields]
+        if split is None and self._calls <= PYTREE_STEPS:
+            fields = dict(zip(self._names, block, strict=True))
+            return form_global_batch(fields, self._sharding, self._host_count)
         if split is None:
             split = _SPLITS[key] = _compiled_split(*key)
-        whole = jax.make_array_from_process_local_data(self._whole_sharding, blocks, shape)
-        return split(whole)
+        if self._local_is_global:
+            return split(block)
+        return split(jax.make_array_from_process_local_data(self._block_sharding, block, shape))
 
 
-#: Groups sent as pytrees before the split is compiled (per transfer).
-PYTREE_GROUPS = 8
+#: Steps sent as pytrees before the split is compiled (per transfer).
+PYTREE_STEPS = 64
 #: Compiled splits by (names, sharding, shape, dtype), shared by every iterator
 #: of the process (an eval iterator rebuilt per pass compiles nothing again).
 _SPLITS: dict[tuple[Any, ...], Any] = {}
@@ -88,16 +97,16 @@ _SPLITS: dict[tuple[Any, ...], Any] = {}
 def _compiled_split(
     names: tuple[str, ...], sharding: NamedSharding, shape: tuple[int, ...], dtype: str
 ) -> Any:
-    """The compiled `blocks -> [{name: blocks[s, i]}]` whose outputs have `sharding`."""
-    steps = shape[0]
+    """The compiled `block -> {name: block[i]}` whose outputs have `sharding`."""
+    block_sharding = _block_sharding(sharding)
     split = jax.jit(
-        lambda whole: [{name: whole[s, i] for i, name in enumerate(names)} for s in range(steps)],
+        lambda block: {name: block[i] for i, name in enumerate(names)},
+        in_shardings=block_sharding,
         out_shardings=sharding,
     )
-    whole = jax.ShapeDtypeStruct(shape, dtype, sharding=_steps_sharding(sharding))
-    return split.lower(whole).compile()
+    return split.lower(jax.ShapeDtypeStruct(shape, dtype, sharding=block_sharding)).compile()
 
 
-def _steps_sharding(sharding: NamedSharding) -> NamedSharding:
-    """`sharding` of a field's rows, for a block `[steps, fields, rows, L]` of them."""
-    return NamedSharding(sharding.mesh, PartitionSpec(None, None, *sharding.spec))
+def _block_sharding(sharding: NamedSharding) -> NamedSharding:
+    """`sharding` of a field's rows, for a block `[fields, rows, L]` of them."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))

@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, count_batch
+from xlstm_data.multihost.global_arrays import StepTransfer
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.plan_state import (
     PLAN_STATE_KIND,
@@ -45,7 +46,6 @@ from xlstm_data.multihost.plan_state import (
 )
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
-from xlstm_data.multihost.step_groups import StepGroups
 from xlstm_data.multihost.worker_handover import WorkerHandover
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan
@@ -59,7 +59,7 @@ from xlstm_data.plan.mixture import (
 from xlstm_data.plan.schedule import BatchSizeSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import PlannedBatchDataset
-from xlstm_data.reading.row_assembly import FIELDS
+from xlstm_data.reading.row_assembly import FIELDS, fields_of
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
 
@@ -76,7 +76,6 @@ class EpochLength:
 class _Prefetched:
     """One step as the prefetch thread hands it over."""
 
-    host: dict[str, np.ndarray]
     device: dict[str, jax.Array]
     position: dict[str, Any]
     counts: BatchCounts
@@ -171,7 +170,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
         self._resources = IteratorResources()
-        self._steps: StepGroups | None = None  # the pipeline's steps as global arrays
+        self._transfer = StepTransfer(FIELDS, self.sharding, self.layout.host_count)
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
         self._element_spec: Any = None
@@ -252,14 +251,15 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """The next step, as global arrays (runs in the prefetch thread)."""
         pipeline = self._resources.pipeline
         assert pipeline is not None
-        if self._steps is None or self._steps.pipeline is not pipeline:  # a (re)start
-            self._steps = StepGroups(pipeline, FIELDS, self.sharding, self.layout.host_count)
-        element, host, device = next(self._steps)
+        element = next(pipeline)
+        device = self._transfer(element["fields"])
         documents, split = (int(v) for v in element["piece_counts"])
-        counts = count_batch(host, element["source_tokens"], documents, split)
+        counts = count_batch(
+            fields_of(element["fields"]), element["source_tokens"], documents, split
+        )
         cursor = [int(v) for v in element["cursor"]]
         position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
-        return _Prefetched(host, device, position, counts)
+        return _Prefetched(device, position, counts)
 
     # Lifecycle -----------------------------------------------------------------
 

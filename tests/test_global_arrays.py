@@ -1,0 +1,58 @@
+"""Global arrays from the host pipeline: every device gets its rows of what the host computed.
+
+A step goes to the devices as a pytree of fields (the first
+`global_arrays.PYTREE_STEPS` steps of an iterator, no compile) or as one block
+through the compiled split (after them). Both must hand out the host
+pipeline's fields bit for bit, sharded over the batch axes only, across
+ramp-up stages (a new shape compiles a new split) and mesh layouts.
+Run in this process with 4 CPU devices (conftest).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from xlstm_data import create_mesh, iterators_from_config
+from xlstm_data.multihost import global_arrays
+from xlstm_data.reading.row_assembly import fields_of
+
+DATA = {
+    "train": {
+        "a": {"kind": "synthetic", "num_documents": 300, "mean_length": 80},
+        "b": {"kind": "synthetic", "num_documents": 200, "mean_length": 20, "seed": 1},
+    },
+    "global_batch_size": 8,
+    "max_target_length": 64,
+    "rampup": [[0, 0.5], [3, 1]],
+    "mixture_schedule": [[0, {"a": 1, "b": 1}], [4, {"a": 1, "b": 3}]],
+}
+STEPS = 7
+
+
+@pytest.mark.parametrize("pytree_steps", [0, 2, 10**6])
+@pytest.mark.parametrize(
+    "axes",
+    ["dp:4,fsdp:1,tp:1,sp:1", "dp:2,fsdp:2,tp:1,sp:1", "dp:1,fsdp:2,tp:2,sp:1"],
+)
+def test_every_device_holds_its_rows_of_the_host_batch(monkeypatch, axes, pytree_steps):
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", pytree_steps)
+    train, _ = iterators_from_config(DATA, create_mesh(axes))
+    try:
+        host = [fields_of(e["fields"]) for e in itertools.islice(train.host_batches(), STEPS)]
+        assert {len(h["inputs"]) for h in host} == {4, 8}  # both ramp-up stages
+        for step, expected in enumerate(host):
+            batch = next(train).to_dict()
+            assert batch.keys() == expected.keys()
+            for name, want in expected.items():
+                got = batch[name]
+                where = f"{axes} step {step} {name}"
+                assert got.sharding == train.sharding, where
+                np.testing.assert_array_equal(np.asarray(got), want, err_msg=where)
+                for shard in got.addressable_shards:  # rows split, replicated over tp
+                    np.testing.assert_array_equal(shard.data, want[shard.index], err_msg=where)
+                    assert shard.data.shape[0] == len(want) // train.layout.data_parallel_size
+    finally:
+        train.close()
