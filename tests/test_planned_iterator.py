@@ -207,3 +207,45 @@ def test_the_iterator_tells_a_loop_its_tokenizer_vocabulary_and_end_of_document_
         assert train.tokenizer is None and train.vocab_size == 258
     finally:
         train.close()
+
+
+def test_workers_hand_over_chunks_of_steps_that_are_the_inline_steps():
+    """Past the steps computed in this process, workers send 8 steps at a time.
+
+    Every step after the handover (4 steps with 2 workers of buffer 1) comes
+    from a chunk: across ramp-up stages, to the finite plan's last, partial
+    chunk, and resumed inside a chunk, on another worker count.
+    """
+    data = {
+        **DATA,
+        "train": {"a": DATA["train"]["a"]},
+        "mixture_schedule": None,
+        "num_epochs": 1,
+        "worker_buffer_size": 1,
+    }
+    mesh = create_mesh()
+    inline, _ = iterators_from_config(data, mesh)
+    try:
+        expected = [_host(batch) for batch in inline]
+    finally:
+        inline.close()
+    assert len(expected) > 13 and (len(expected) - 4) % 8  # the last chunk is partial
+    inline, _ = iterators_from_config(data, mesh)
+    try:
+        _take(inline, 13)
+        state = inline.get_state()
+    finally:
+        inline.close()
+    with_workers, _ = iterators_from_config({**data, "worker_count": 2}, mesh)
+    try:
+        first = _take(with_workers, 13)
+        assert with_workers.get_state()["cursor"] == state["cursor"]  # mid-chunk position
+        _assert_same(first + [_host(batch) for batch in with_workers], expected)
+    finally:
+        with_workers.close()
+    resumed, _ = iterators_from_config({**data, "worker_count": 3}, mesh)
+    try:
+        resumed.set_state(state)
+        _assert_same([_host(batch) for batch in resumed], expected[13:])
+    finally:
+        resumed.close()

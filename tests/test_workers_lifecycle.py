@@ -90,7 +90,8 @@ import xlstm_data as xd
 
 if __name__ == "__main__":
     mesh = xd.create_mesh()
-    docs = [{"tokens": np.arange(10, 20 + i % 5, dtype=np.int32)} for i in range(64)]
+    # Enough steps after those computed here for a chunk of steps per worker.
+    docs = [{"tokens": np.arange(10, 20 + i % 5, dtype=np.int32)} for i in range(640)]
     iterator = xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=2)
     for _ in range(12):  # past the steps computed here while the workers start
         next(iterator)
@@ -369,16 +370,24 @@ def test_a_slice_of_a_chunk_leaves_a_worker_through_shared_memory():
     A worker stopped with one in its queue blocked at exit for 25 s, and the
     other host's JAX shutdown barrier timed out (a CI failure).
     """
-    from xlstm_data.multihost.workers import prefetch_in_workers
+    from xlstm_data.multihost import workers
 
     dataset = grain.MapDataset.range(3).map(_a_step_of_a_chunk).to_iter_dataset()
     options = grain.MultiprocessingOptions(num_workers=1, per_worker_buffer_size=1)
-    iterator = iter(prefetch_in_workers(dataset, options))
+    iterator = iter(workers._shared_memory_prefetch(dataset, options))
     try:
         element = next(iterator)
         # grain hands shared-memory arrays back as its own ndarray subclass.
         assert type(element["fields"]).__name__ == "SharedMemoryArray"
         assert (np.asarray(element["fields"]) == 0).all()
         assert element["fields"].shape == (7, 24, 512)
+    finally:
+        iterator.close()
+    # What the pipeline gets: the same, copied into this process's memory on arrival.
+    iterator = iter(workers.prefetch_in_workers(dataset, options))
+    try:
+        element = next(iterator)
+        assert type(element["fields"]) is np.ndarray
+        assert element["fields"].shape == (7, 24, 512) and (element["fields"] == 0).all()
     finally:
         iterator.close()

@@ -58,7 +58,12 @@ from xlstm_data.plan.mixture import (
 )
 from xlstm_data.plan.schedule import BatchSizeSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
-from xlstm_data.reading.planned_batches import PlannedBatchDataset
+from xlstm_data.reading.planned_batches import (
+    CHUNK_ROWS,
+    PlannedBatchDataset,
+    PlannedChunkDataset,
+    split_chunk,
+)
 from xlstm_data.reading.row_assembly import FIELDS, fields_of
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
@@ -219,11 +224,18 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         options = grain.MultiprocessingOptions(
             num_workers=self.worker_count, per_worker_buffer_size=self._worker_buffer_size
         )
-        # Each worker walks the plan from the cursor to its own steps.
-        later = self._planned(step + handover, cursor).to_iter_dataset(read)
+        # Each worker walks the plan from the cursor to its own chunks of steps.
+        per_chunk = self._steps_per_chunk()
+        later = PlannedChunkDataset(self._planned(step + handover, cursor), per_chunk)
+        workers = prefetch_in_workers(later.to_iter_dataset(read), options)
         return WorkerHandover(
-            iter(batches[:handover].to_iter_dataset(read)), prefetch_in_workers(later, options)
+            iter(batches[:handover].to_iter_dataset(read)), workers, split=split_chunk
         )
+
+    def _steps_per_chunk(self) -> int:
+        """Steps a worker hands over at once: `CHUNK_ROWS` rows of the largest host batch."""
+        largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
+        return max(1, CHUNK_ROWS // max(largest, 1))
 
     def _restart(self, state: Mapping[str, Any] | None) -> None:
         """Continues at `state` ({step, data_step, cursor}) or at the start."""

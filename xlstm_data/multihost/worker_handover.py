@@ -17,32 +17,15 @@ no worker or shared-memory segment outlives the process.
 
 from __future__ import annotations
 
+import collections
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
-import jax
-import numpy as np
 from absl import logging
 
 from xlstm_data.multihost.prefetch import block_job_signals
-
-
-def _owned(element: Any) -> Any:
-    """`element` with arrays in this process's memory instead of a worker's shared memory.
-
-    grain unlinks a shared-memory segment when its array is deleted. A device
-    array made from it without a copy (CPU devices) kept it alive, and one
-    still alive at interpreter exit was deleted after numpy's module was torn
-    down: the segment leaked (the resource tracker warns). One copy of a
-    step's fields (1.8 MB at 32 x 2048) is small against computing them.
-    """
-    return jax.tree.map(lambda leaf: np.array(leaf) if _shared(leaf) else leaf, element)
-
-
-def _shared(leaf: Any) -> bool:
-    return isinstance(leaf, np.ndarray) and type(leaf) is not np.ndarray  # grain's subclass
 
 
 class WorkerHandover:
@@ -58,12 +41,25 @@ class WorkerHandover:
         None. Its iterator is made and its first element requested at once,
         in a helper thread that blocks the job's signals
         (`block_job_signals`), which starts the worker processes.
+      split: Turns a workers' element into the steps it holds (several steps
+        per element, `PlannedChunkDataset`); None: an element is a step.
+        Done here rather than by a grain flat map over the workers' pipeline:
+        that one asks the pipeline for its state when it is made, which made
+        grain's interleave start each later worker only when its first
+        element was due, so the loop waited for a worker start mid-run.
     """
 
-    def __init__(self, in_process: Iterator[Any], workers: Iterable[Any] | None = None):
+    def __init__(
+        self,
+        in_process: Iterator[Any],
+        workers: Iterable[Any] | None = None,
+        split: Callable[[Any], Sequence[Any]] | None = None,
+    ):
         self._in_process: Iterator[Any] | None = in_process
         self._workers: Iterator[Any] | None = None
         self._first: futures.Future | None = None
+        self._split = split
+        self._split_steps: collections.deque[Any] = collections.deque()
         if workers is not None:
             starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
             self._first = starter.submit(self._start, workers)
@@ -83,12 +79,19 @@ class WorkerHandover:
                 return next(self._in_process)
             except StopIteration:
                 self._in_process = None
+        if self._split_steps:
+            return self._split_steps.popleft()
         if self._first is not None:
             first, self._first = self._first, None
-            return _owned(first.result())  # raises what the workers raised, StopIteration included
-        if self._workers is None:  # in process only, and it ended
+            element = first.result()  # raises what the workers raised, StopIteration included
+        elif self._workers is None:  # in process only, and it ended
             raise StopIteration
-        return _owned(next(self._workers))
+        else:
+            element = next(self._workers)
+        if self._split is None:
+            return element
+        self._split_steps.extend(self._split(element))
+        return self._split_steps.popleft()
 
     def close(self) -> None:
         """Stops the workers and waits until they are gone."""

@@ -178,13 +178,21 @@ def prefetch_in_workers(
 ) -> grain.IterDataset:
     """`dataset.mp_prefetch(options)`, usable outside absl apps and orphan-free.
 
-    See `allow_grain_flag_reads` and `ExitWithParent`. Arrays smaller than
+    See `allow_grain_flag_reads` and `ExitWithParent`. Elements arrive in
+    this process's memory (`_owned`). Arrays smaller than
     `MIN_SHARED_MEMORY_BYTES` are pickled through the worker's pipe instead of
     grain's default shared memory (unless the pipeline sets `min_shm_size`
     itself), see there.
     """
     if options.num_workers == 0:
         return dataset
+    return _shared_memory_prefetch(dataset, options).map(_owned)
+
+
+def _shared_memory_prefetch(
+    dataset: grain.IterDataset, options: grain.MultiprocessingOptions
+) -> grain.IterDataset:
+    """`prefetch_in_workers` before the copy out of shared memory."""
     check_main_guard(options.num_workers)
     allow_grain_flag_reads()
     # Started here, in the thread building the pipeline: multiprocessing starts
@@ -205,11 +213,29 @@ def _contiguous_arrays(element: Any) -> Any:
     """`element` with every array C-contiguous, so grain can put it in shared memory.
 
     grain pickles a non-contiguous array through the worker's pipe whatever
-    its size. A step assembled with the steps after it (`CHUNK_ROWS`) is a
-    slice of their block: 344 KB a step went through the pipe, and a worker
-    stopped with one in its queue blocked at exit for 25 s (py-spy:
-    `Queue._finalize_join`), past JAX's shutdown barrier on the other host.
+    its size. A step that was a slice of a block of several steps went
+    through the pipe (344 KB a step), and a worker stopped with one in its
+    queue blocked at exit for 25 s (py-spy: `Queue._finalize_join`), past
+    JAX's shutdown barrier on the other host.
     """
     return jax.tree.map(
         lambda leaf: np.ascontiguousarray(leaf) if isinstance(leaf, np.ndarray) else leaf, element
     )
+
+
+def _owned(element: Any) -> Any:
+    """`element` with arrays in this process's memory instead of a worker's shared memory.
+
+    grain unlinks a shared-memory segment when its array is deleted. A device
+    array made from it without a copy (CPU devices) kept it alive, and one
+    still alive at interpreter exit was deleted after numpy's module was torn
+    down: the segment leaked (the resource tracker warns). So did a chunk of
+    steps (`PlannedChunkDataset`) whose later steps a restart left unread.
+    Copied on arrival, before anything holds a view of it: one copy of an
+    element (1.8 MB at 32 x 2048) is small against computing it.
+    """
+    return jax.tree.map(lambda leaf: np.array(leaf) if _shared(leaf) else leaf, element)
+
+
+def _shared(leaf: Any) -> bool:
+    return isinstance(leaf, np.ndarray) and type(leaf) is not np.ndarray  # grain's subclass
