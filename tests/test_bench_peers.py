@@ -105,7 +105,8 @@ def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
     monkeypatch.setenv(harness.PEERS_VENV_ENV, str(tmp_path / "no-such-venv"))
     monkeypatch.setenv(common.CACHE_ENV, str(tmp_path / "cache"))
     out = tmp_path / "out"
-    code = cli.main(["--tiny", "--docs=300", "--rounds=1", "--groups=w0", f"--out={out}"])
+    argv = ["--tiny", "--docs=300", "--rounds=1", "--groups=w0,cold_start", f"--out={out}"]
+    code = cli.main(argv)
     assert code == 0
     result = json.loads((out / "peers.json").read_text())
     assert set(result["missing"]) == {"megatron", "olmo", "streaming"}
@@ -113,6 +114,10 @@ def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
     rates = result["groups"]["w0"]["figures"]["tokens_per_sec"]
     assert set(rates) == {"ours_best_fit", "ours_concat", "ours_best_fit_host"}
     assert all(stats["median"] > 0 for stats in rates.values())
+    # Cold start: JAX's backend start is timed apart from build -> first batch.
+    (cold,) = result["groups"]["cold_start"]["figures"].values()
+    assert cold["runtime_secs"]["ours"]["median"] > 0
+    assert cold["first_batch_secs"]["ours"]["median"] >= cold["build_secs"]["ours"]["median"] > 0
     assert result["failures"] == []
     assert result["targets"] == [] and result["met"] is None
     # Ours was read from the directory our prepare wrote.

@@ -671,7 +671,13 @@ def measure(
                         )
                     figures[str(documents)] = {
                         key: _per_subject(found, key)
-                        for key in ("first_batch_secs", "build_secs", "import_secs", "peak_rss_mb")
+                        for key in (
+                            "first_batch_secs",
+                            "build_secs",
+                            "runtime_secs",
+                            "import_secs",
+                            "peak_rss_mb",
+                        )
                     }
             elif group == "prepare":
                 web = settings.specs()["web"]
