@@ -153,7 +153,7 @@ class SourceConfig:
 
     def build(self) -> Any:
         """Creates the document source (this may read file indexes)."""
-        from xlstm_data.sources import SyntheticSource, TextFileSource, open_shards, stdlib_corpus
+        from xlstm_data.sources import SyntheticSource, TextFileSource, open_shards
 
         o = dict(self.options)
         if self.kind == "array_record":  # either layout `prepare` writes (see prepared_shards)
@@ -172,6 +172,8 @@ class SourceConfig:
             )
         if self.kind == "synthetic":
             return SyntheticSource(**o)
+        from xlstm_data.sources import stdlib_corpus  # only this kind needs it
+
         return stdlib_corpus.stdlib_source(o["part"], o["tokenizer"], o["max_files"])
 
 
