@@ -15,20 +15,11 @@ import itertools
 import numpy as np
 import pytest
 
+from tests.test_planned_iterator import DATA  # a mixture with a ramp-up at step 3
 from xlstm_data import create_mesh, iterators_from_config
 from xlstm_data.multihost import global_arrays
 from xlstm_data.reading.row_assembly import fields_of
 
-DATA = {
-    "train": {
-        "a": {"kind": "synthetic", "num_documents": 300, "mean_length": 80},
-        "b": {"kind": "synthetic", "num_documents": 200, "mean_length": 20, "seed": 1},
-    },
-    "global_batch_size": 8,
-    "max_target_length": 64,
-    "rampup": [[0, 0.5], [3, 1]],
-    "mixture_schedule": [[0, {"a": 1, "b": 1}], [4, {"a": 1, "b": 3}]],
-}
 STEPS = 7
 
 
