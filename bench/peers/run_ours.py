@@ -99,9 +99,9 @@ def cold_start(task: dict[str, Any]) -> dict[str, Any]:
     """From nothing built to the first batch, in this fresh process.
 
     Imports and JAX's backend start (plugin discovery and the CPU client,
-    13-19 ms in bench/peers) are timed apart: a training process starts the backend for its
-    model whatever loader it uses (Megatron's runner starts its gloo group
-    apart likewise).
+    13-19 ms in bench/peers) are timed apart: a training process starts the
+    backend for its model whatever loader it uses (Megatron's runner starts
+    its gloo group apart likewise).
     """
     import jax  # imports are not part of the timed span
 
