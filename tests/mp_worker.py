@@ -396,11 +396,19 @@ def main() -> None:
 
     flags.FLAGS.mark_as_parsed()
     params = json.loads(args.params)
-    if "pytree_steps" in params:  # 0: every step through the compiled split
+    if "pytree_steps" in params:  # 0: whole chunks through the compiled pick from the start
         from xlstm_data.multihost import global_arrays
 
         global_arrays.PYTREE_STEPS = params["pytree_steps"]
+    if "chunk_rows" in params:  # small chunks: whole ones within a few steps
+        from xlstm_data.multihost import iterator
+
+        iterator.CHUNK_ROWS = params["chunk_rows"]
     result = SCENARIOS[args.scenario](params)
+    if isinstance(result, dict):
+        from xlstm_data.multihost import global_arrays
+
+        result["picked"] = bool(global_arrays._PICKS)  # a whole chunk went through a pick
     with open(args.out, "w") as f:
         json.dump(result, f)
     jax.distributed.shutdown()

@@ -1,10 +1,11 @@
 """Global arrays from the host pipeline: every device gets its rows of what the host computed.
 
 A step goes to the devices as a pytree of fields (the first
-`global_arrays.PYTREE_STEPS` steps of an iterator, no compile) or as one block
-through the compiled split (after them). Both must hand out the host
+`global_arrays.PYTREE_STEPS` steps of an iterator, and a chunk's steps split
+by a ramp-up boundary: no compile) or picked by a compiled call from its whole
+chunk of steps sent at once (after them). Both must hand out the host
 pipeline's fields bit for bit, sharded over the batch axes only, across
-ramp-up stages (a new shape compiles a new split) and mesh layouts.
+ramp-up stages (a new shape compiles a new pick) and mesh layouts.
 Run in this process with 4 CPU devices (conftest).
 """
 
@@ -20,7 +21,7 @@ from xlstm_data import create_mesh, iterators_from_config
 from xlstm_data.multihost import global_arrays
 from xlstm_data.reading.row_assembly import fields_of
 
-STEPS = 7
+STEPS = 20  # a chunk of 8 steps split by the ramp-up, then whole ones
 
 
 @pytest.mark.parametrize("pytree_steps", [0, 2, 10**6])
@@ -30,6 +31,7 @@ STEPS = 7
 )
 def test_every_device_holds_its_rows_of_the_host_batch(monkeypatch, axes, pytree_steps):
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", pytree_steps)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
     train, _ = iterators_from_config(DATA, create_mesh(axes))
     try:
         host = [fields_of(e["fields"]) for e in itertools.islice(train.host_batches(), STEPS)]
@@ -45,5 +47,7 @@ def test_every_device_holds_its_rows_of_the_host_batch(monkeypatch, axes, pytree
                 for shard in got.addressable_shards:  # rows split, replicated over tp
                     np.testing.assert_array_equal(shard.data, want[shard.index], err_msg=where)
                     assert shard.data.shape[0] == len(want) // train.layout.data_parallel_size
+        # Whole chunks after the pytree steps were picked from the devices.
+        assert bool(global_arrays._PICKS) == (pytree_steps < STEPS)
     finally:
         train.close()

@@ -53,15 +53,17 @@ def test_one_epoch_covers_every_document_once(tmp_path, num_processes, packing):
 
 
 def test_tp_spanning_two_processes_loads_identical_rows(tmp_path):
-    # Every step through the compiled split: from local rows on two processes.
+    # Chunks of 2 steps through the compiled pick: from local rows on two processes.
     params = {
         "num_docs": 20,
         "global_batch_size": 4,
         "device_order": "tp_across_processes",
         "pytree_steps": 0,
+        "chunk_rows": 8,
     }
     results = run_processes("epoch", 2, tmp_path, params)
     assert [r["host_count"] for r in results] == [1, 1]
+    assert all(r["picked"] for r in results)
     assert results[0]["steps"] == results[1]["steps"]
     tokens = _tokens_by_data_host(results)
     assert collections.Counter(tokens[0]) == collections.Counter(results[0]["all_tokens"])
@@ -73,10 +75,12 @@ def test_tp_over_two_of_four_processes(tmp_path):
         "num_docs": 30,
         "global_batch_size": 4,
         "mesh": "dp:1,fsdp:2,tp:4,sp:1",
-        "pytree_steps": 0,  # every step through the compiled split
+        "pytree_steps": 0,  # chunks of 4 steps of 2 rows through the compiled pick
+        "chunk_rows": 8,
     }
     results = run_processes("epoch", 4, tmp_path, params)
     assert [r["host_index"] for r in results] == [0, 0, 1, 1]
+    assert all(r["picked"] for r in results)
     tokens = _tokens_by_data_host(results)
     seen = collections.Counter(t for host_tokens in tokens.values() for t in host_tokens)
     assert seen == collections.Counter(results[0]["all_tokens"])
@@ -93,10 +97,12 @@ def test_drop_remainder_stops_all_hosts_at_the_first_end(tmp_path):
 
 
 def test_rampup_restore_inside_and_across_stages_on_two_processes(tmp_path):
-    params = {"restore_steps": [1, 3, 4, 6, 7], "pytree_steps": 1}  # both transfers
+    # Both transfers: chunks of 2 steps, picked when whole, pytrees when a stage splits one.
+    params = {"restore_steps": [1, 3, 4, 6, 7], "pytree_steps": 1, "chunk_rows": 16}
     results = run_processes("rampup_resume", 2, tmp_path, params)
     expected = [[8, 32]] * 3 + [[12, 32]] * 3 + [[16, 32]] * 3
     for result in results:
+        assert result["picked"]
         assert result["shapes"] == expected
         assert result["mismatches"] == []
         assert result["states_past_first_block"] >= 3  # the restores start mid-plan

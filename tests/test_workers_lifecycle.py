@@ -93,7 +93,7 @@ if __name__ == "__main__":
     # Enough steps after those computed here for a chunk of steps per worker.
     docs = [{"tokens": np.arange(10, 20 + i % 5, dtype=np.int32)} for i in range(640)]
     iterator = xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=2)
-    for _ in range(12):  # past the steps computed here while the workers start
+    for _ in range(40):  # past the chunk of 16 steps computed here while the workers start
         next(iterator)
     print("READY", flush=True)
     time.sleep(300)

@@ -7,7 +7,8 @@ those rows, and processes that replicate the same rows pass identical data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -36,77 +37,120 @@ def form_global_batch(
     return jax.make_array_from_process_local_data(sharding, local, global_shapes)
 
 
-class StepTransfer:
-    """Sends a step's fields, held as one block `[fields, rows, L]`, to the devices.
+class ChunkTransfer:
+    """Sends a chunk of consecutive steps, held as one block `[fields, rows, L]`, to the devices.
 
-    One transfer of the block and one compiled split into its fields. Per
-    step of 8 x 1024 rows and 7 fields on one CPU device: 0.77 ms CPU sent as
-    a pytree of fields (`form_global_batch`, JAX's per-array dispatch), 0.08
-    ms as one block through the compiled split, which on one process takes
-    the numpy block itself (its C++ argument transfer). Sending 8 steps per
-    transfer saved nothing more and took 1.4 s to compile (56 outputs)
-    against 0.27 s for one step's 7.
+    A chunk's steps of equal rows go to the devices once, as one array
+    `[fields, steps, rows, L]`; each step's fields are then picked from it on
+    the devices by one compiled call (`_compiled_pick`). On one process the
+    pick takes the host chunk itself, which a CPU device uses in place when
+    it is 64-byte aligned (`row_assembly.aligned_empty`). Per step of 8 x
+    1024 rows and 7 fields on one CPU device (bench/peers corpus): a pytree
+    of fields costs 0.77 ms of CPU (`form_global_batch`, JAX's per-array
+    dispatch); one step's numpy block through a compiled split 0.11-0.16 ms,
+    most of it copying the block (numpy allocates 16-byte aligned); a pick
+    from an aligned chunk 0.04-0.06 ms.
 
-    The first `PYTREE_STEPS` steps of a transfer go as pytrees, which need
-    no compile: a cold start or a short eval pass does not wait for one. The
-    split is then compiled in the calling thread (the prefetch thread), once
-    per shape and process. A background compile was tried: a process then
-    either waited for it at exit or ended inside it. The split has no
-    collective, so processes may run it in any order relative to their
-    train steps.
+    No compile waits for a cold start: the first `PYTREE_STEPS` steps of a
+    transfer go as pytrees, and so do the steps of a run shorter than a whole
+    chunk (a ramp-up boundary, a finite plan's end), so only the chunk's
+    full shape of each ramp-up stage is compiled. The pick is compiled in the
+    calling thread (the prefetch thread), once per shape and process. A
+    background compile was tried: a process then either waited for it at
+    exit or ended inside it. The pick has no collective, so processes may run
+    it in any order relative to their train steps.
 
     Args:
       names: The fields, in block order.
       sharding: Batch sharding over the mesh's data axes (rows split over them).
       host_count: Number of data-loading hosts.
+      steps_per_chunk: Steps of a whole chunk (`PlannedChunkDataset`).
     """
 
-    def __init__(self, names: Sequence[str], sharding: NamedSharding, host_count: int):
+    def __init__(
+        self,
+        names: Sequence[str],
+        sharding: NamedSharding,
+        host_count: int,
+        steps_per_chunk: int,
+    ):
         self._names = tuple(names)
         self._sharding = sharding
         self._host_count = host_count
-        self._block_sharding = _block_sharding(sharding)
-        # One process holds the whole global block: the split's own argument
-        # transfer places it. Several make it from their local rows.
+        self._per_chunk = steps_per_chunk
+        self._chunk_sharding = _chunk_sharding(sharding)
+        # One process holds the whole global chunk; several make it from their local rows.
         self._local_is_global = jax.process_count() == 1
-        self._calls = 0
+        # Every process holds the same step indices; they go to the devices once.
+        self._indices = [
+            jax.make_array_from_process_local_data(_replicated(sharding), np.int32(k), ())
+            for k in range(steps_per_chunk)
+        ]
+        self._sent = 0
 
-    def __call__(self, block: np.ndarray) -> dict[str, jax.Array]:
-        """`{name: jax.Array [host_rows * host_count, L]}`, sharded by `sharding`."""
-        shape = (block.shape[0], block.shape[1] * self._host_count, *block.shape[2:])
-        key = (self._names, self._sharding, shape, block.dtype.str)
-        self._calls += 1
-        split = _SPLITS.get(key)
-        if split is None and self._calls <= PYTREE_STEPS:
-            fields = dict(zip(self._names, block, strict=True))
-            return form_global_batch(fields, self._sharding, self._host_count)
-        if split is None:
-            split = _SPLITS[key] = _compiled_split(*key)
-        if self._local_is_global:
-            return split(block)
-        return split(jax.make_array_from_process_local_data(self._block_sharding, block, shape))
+    def steps(self, block: np.ndarray, rows: Sequence[int]) -> Iterator[dict[str, jax.Array]]:
+        """Each step's `{name: jax.Array [rows * host_count, L]}`, sharded by `sharding`.
+
+        Args:
+          block: The chunk's host rows, `[fields, sum(rows), L]`, steps in order.
+          rows: Each step's host rows.
+        """
+        start = 0
+        for run_rows, run in itertools.groupby(int(r) for r in rows):
+            count = len(list(run))
+            if count == self._per_chunk and self._sent >= PYTREE_STEPS:
+                yield from self._picked(block[:, start : start + count * run_rows], count)
+            else:
+                for first in range(start, start + count * run_rows, run_rows):
+                    fields = dict(zip(self._names, block[:, first : first + run_rows], strict=True))
+                    yield form_global_batch(fields, self._sharding, self._host_count)
+            self._sent += count
+            start += count * run_rows
+
+    def _picked(self, run: np.ndarray, count: int) -> Iterator[dict[str, jax.Array]]:
+        """The steps of `run` (`[fields, count * rows, L]`), sent once and picked one by one."""
+        local = run.reshape(run.shape[0], count, -1, *run.shape[2:])
+        shape = (local.shape[0], count, local.shape[2] * self._host_count, *local.shape[3:])
+        key = (self._names, self._sharding, shape, local.dtype.str)
+        pick = _PICKS.get(key)
+        if pick is None:
+            pick = _PICKS[key] = _compiled_pick(*key)
+        chunk = local  # one process: each pick takes the (aligned) host chunk in place
+        if not self._local_is_global:
+            chunk = jax.make_array_from_process_local_data(self._chunk_sharding, local, shape)
+        for k in range(count):
+            yield pick(chunk, self._indices[k])
 
 
-#: Steps sent as pytrees before the split is compiled (per transfer).
+#: Steps sent as pytrees before the pick is compiled (per transfer).
 PYTREE_STEPS = 64
-#: Compiled splits by (names, sharding, shape, dtype), shared by every iterator
-#: of the process (an eval iterator rebuilt per pass compiles nothing again).
-_SPLITS: dict[tuple[Any, ...], Any] = {}
+#: Compiled picks by (names, sharding, chunk shape, dtype), shared by every
+#: iterator of the process (an eval iterator rebuilt per pass compiles nothing again).
+_PICKS: dict[tuple[Any, ...], Any] = {}
 
 
-def _compiled_split(
+def _compiled_pick(
     names: tuple[str, ...], sharding: NamedSharding, shape: tuple[int, ...], dtype: str
 ) -> Any:
-    """The compiled `block -> {name: block[i]}` whose outputs have `sharding`."""
-    block_sharding = _block_sharding(sharding)
-    split = jax.jit(
-        lambda block: {name: block[i] for i, name in enumerate(names)},
-        in_shardings=block_sharding,
+    """The compiled `(chunk, k) -> {name: chunk[i, k]}` whose outputs have `sharding`."""
+    chunk_sharding = _chunk_sharding(sharding)
+    index_sharding = _replicated(sharding)
+    pick = jax.jit(
+        lambda chunk, k: {name: chunk[i, k] for i, name in enumerate(names)},
+        in_shardings=(chunk_sharding, index_sharding),
         out_shardings=sharding,
     )
-    return split.lower(jax.ShapeDtypeStruct(shape, dtype, sharding=block_sharding)).compile()
+    return pick.lower(
+        jax.ShapeDtypeStruct(shape, dtype, sharding=chunk_sharding),
+        jax.ShapeDtypeStruct((), np.int32, sharding=index_sharding),
+    ).compile()
 
 
-def _block_sharding(sharding: NamedSharding) -> NamedSharding:
-    """`sharding` of a field's rows, for a block `[fields, rows, L]` of them."""
-    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+def _chunk_sharding(sharding: NamedSharding) -> NamedSharding:
+    """`sharding` of a field's rows, for a chunk `[fields, steps, rows, L]` of them."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, None, *sharding.spec))
+
+
+def _replicated(sharding: NamedSharding) -> NamedSharding:
+    """Every device of `sharding`'s mesh holds the whole (scalar) array."""
+    return NamedSharding(sharding.mesh, PartitionSpec())

@@ -21,7 +21,7 @@ import json
 import numbers
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import clu.data
@@ -34,8 +34,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from xlstm_data.errors import DataCheckpointError, DataConfigError
-from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, count_batch
-from xlstm_data.multihost.global_arrays import StepTransfer
+from xlstm_data.multihost.data_stats import (
+    TOKEN_MASK_FIELD,
+    BatchCounts,
+    DataCounters,
+    chunk_counts,
+)
+from xlstm_data.multihost.global_arrays import ChunkTransfer
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.plan_state import (
     PLAN_STATE_KIND,
@@ -62,9 +67,8 @@ from xlstm_data.reading.planned_batches import (
     CHUNK_ROWS,
     PlannedBatchDataset,
     PlannedChunkDataset,
-    split_chunk,
 )
-from xlstm_data.reading.row_assembly import FIELDS, fields_of
+from xlstm_data.reading.row_assembly import FIELDS
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
 
@@ -175,7 +179,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
         self._resources = IteratorResources()
-        self._transfer = StepTransfer(FIELDS, self.sharding, self.layout.host_count)
+        self._transfer = ChunkTransfer(
+            FIELDS, self.sharding, self.layout.host_count, self._steps_per_chunk()
+        )
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
         self._element_spec: Any = None
@@ -208,32 +214,33 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         )
 
     def _pipeline(self, step: int, cursor: Cursor | None) -> WorkerHandover:
-        """This host's batches from training step `step` (a cursor at or before it).
+        """This host's chunks of steps from training step `step` (a cursor at or before it).
 
-        With workers, the first `2 * worker_count * worker_buffer_size` steps
-        are computed here while the workers start, and the workers begin after
-        them (`WorkerHandover`). Twice what the workers keep ready: with half
-        as many, the loop still waited 0.27 s per restart (2 workers, 0.1 s
-        steps, bench/plan_mixture), with this many 0.02 s.
+        Every element holds `_steps_per_chunk()` consecutive steps (fewer at a
+        finite plan's end), computed in this process or in workers. With
+        workers, the chunks of the first `2 * worker_count *
+        worker_buffer_size` steps are computed here while the workers start,
+        and the workers begin after them (`WorkerHandover`). Twice what the
+        workers keep ready: with half as many, the loop still waited 0.27 s
+        per restart (2 workers, 0.1 s steps, bench/plan_mixture), with this
+        many 0.02 s.
         """
         read = grain.ReadOptions(num_threads=0)
-        batches = self._planned(step, cursor)
-        handover = min(2 * self.worker_count * self._worker_buffer_size, len(batches))
-        if self.worker_count == 0 or handover == len(batches):
-            return WorkerHandover(iter(batches.to_iter_dataset(read)))
+        per_chunk = self._steps_per_chunk()
+        chunks = PlannedChunkDataset(self._planned(step, cursor), per_chunk)
+        handover = -(-2 * self.worker_count * self._worker_buffer_size // per_chunk)
+        if self.worker_count == 0 or handover >= len(chunks):
+            return WorkerHandover(iter(chunks.to_iter_dataset(read)))
         options = grain.MultiprocessingOptions(
             num_workers=self.worker_count, per_worker_buffer_size=self._worker_buffer_size
         )
         # Each worker walks the plan from the cursor to its own chunks of steps.
-        per_chunk = self._steps_per_chunk()
-        later = PlannedChunkDataset(self._planned(step + handover, cursor), per_chunk)
+        later = PlannedChunkDataset(self._planned(step + handover * per_chunk, cursor), per_chunk)
         workers = prefetch_in_workers(later.to_iter_dataset(read), options)
-        return WorkerHandover(
-            iter(batches[:handover].to_iter_dataset(read)), workers, split=split_chunk
-        )
+        return WorkerHandover(iter(chunks[:handover].to_iter_dataset(read)), workers)
 
     def _steps_per_chunk(self) -> int:
-        """Steps a worker hands over at once: `CHUNK_ROWS` rows of the largest host batch."""
+        """Steps per chunk of the host pipeline: `CHUNK_ROWS` rows of the largest host batch."""
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         return max(1, CHUNK_ROWS // max(largest, 1))
 
@@ -243,6 +250,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         step = 0 if state is None else int(state["step"])
         cursor = None if state is None else Cursor.from_list(state["cursor"])
         self._resources.replace_pipeline(self._pipeline(step, cursor))
+        #: The steps of the chunk being handed out (the prefetch thread is stopped).
+        self._chunk_steps: Iterator[_Prefetched] = iter(())
         self.step_counter = step
         self._moved = False  # whether a batch was handed out since this (re)start
         self._last_position: dict[str, Any] | None = None
@@ -261,17 +270,23 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
     def _produce(self) -> _Prefetched:
         """The next step, as global arrays (runs in the prefetch thread)."""
-        pipeline = self._resources.pipeline
-        assert pipeline is not None
-        element = next(pipeline)
-        device = self._transfer(element["fields"])
-        documents, split = (int(v) for v in element["piece_counts"])
-        counts = count_batch(
-            fields_of(element["fields"]), element["source_tokens"], documents, split
-        )
-        cursor = [int(v) for v in element["cursor"]]
-        position = {"data_step": int(element["data_step"]) + 1, "cursor": cursor}
-        return _Prefetched(device, position, counts)
+        while True:
+            step = next(self._chunk_steps, None)
+            if step is not None:
+                return step
+            pipeline = self._resources.pipeline
+            assert pipeline is not None
+            self._chunk_steps = self._steps_of(next(pipeline))
+
+    def _steps_of(self, chunk: Mapping[str, np.ndarray]) -> Iterator[_Prefetched]:
+        """A chunk's steps, each sent to the devices when it is asked for."""
+        counts = chunk_counts(chunk, FIELDS.index(TOKEN_MASK_FIELD))
+        cursors = chunk["cursor"].tolist()
+        data_steps = chunk["data_step"].tolist()
+        device_steps = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())
+        for k, device in enumerate(device_steps):
+            position = {"data_step": data_steps[k] + 1, "cursor": cursors[k]}
+            yield _Prefetched(device, position, counts[k])
 
     # Lifecycle -----------------------------------------------------------------
 

@@ -17,9 +17,8 @@ no worker or shared-memory segment outlives the process.
 
 from __future__ import annotations
 
-import collections
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -29,37 +28,28 @@ from xlstm_data.multihost.prefetch import block_job_signals
 
 
 class WorkerHandover:
-    """Steps from `in_process` first, then from the workers' iterator.
+    """Elements from `in_process` first, then from the workers' iterator.
 
     Every host pipeline is one, with or without workers, so the iterator
     closes them all alike.
 
     Args:
-      in_process: Iterator of the first steps (all of them without workers),
-        computed in this process.
-      workers: The workers' pipeline, starting at the step after them, or
+      in_process: Iterator of the first elements (all of them without
+        workers), computed in this process.
+      workers: The workers' pipeline, starting at the element after them, or
         None. Its iterator is made and its first element requested at once,
         in a helper thread that blocks the job's signals
         (`block_job_signals`), which starts the worker processes.
-      split: Turns a workers' element into the steps it holds (several steps
-        per element, `PlannedChunkDataset`); None: an element is a step.
-        Done here rather than by a grain flat map over the workers' pipeline:
-        that one asks the pipeline for its state when it is made, which made
-        grain's interleave start each later worker only when its first
-        element was due, so the loop waited for a worker start mid-run.
     """
 
     def __init__(
         self,
         in_process: Iterator[Any],
         workers: Iterable[Any] | None = None,
-        split: Callable[[Any], Sequence[Any]] | None = None,
     ):
         self._in_process: Iterator[Any] | None = in_process
         self._workers: Iterator[Any] | None = None
         self._first: futures.Future | None = None
-        self._split = split
-        self._split_steps: collections.deque[Any] = collections.deque()
         if workers is not None:
             starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
             self._first = starter.submit(self._start, workers)
@@ -79,19 +69,12 @@ class WorkerHandover:
                 return next(self._in_process)
             except StopIteration:
                 self._in_process = None
-        if self._split_steps:
-            return self._split_steps.popleft()
         if self._first is not None:
             first, self._first = self._first, None
-            element = first.result()  # raises what the workers raised, StopIteration included
-        elif self._workers is None:  # in process only, and it ended
+            return first.result()  # raises what the workers raised, StopIteration included
+        if self._workers is None:  # in process only, and it ended
             raise StopIteration
-        else:
-            element = next(self._workers)
-        if self._split is None:
-            return element
-        self._split_steps.extend(self._split(element))
-        return self._split_steps.popleft()
+        return next(self._workers)
 
     def close(self) -> None:
         """Stops the workers and waits until they are gone."""

@@ -2,20 +2,20 @@
 
 Element i is the host's batch at training step `start_step + i`, computed from
 the plan at that step's data step (they differ only after `data.skip_steps`):
-the host's rows' pieces, read and assembled. Worker processes
-(`mp_prefetch`) read `PlannedChunkDataset`, several consecutive steps per
-element: grain deals worker w the chunks w, w + W, ...; each worker walks
-the plan forward on its own, so the batches never depend on the worker
-count. Each element also carries, beside the batch, the cursor that
+the host's rows' pieces, read and assembled. The iterator reads
+`PlannedChunkDataset`, several consecutive steps per element, in its own
+process or in workers (`mp_prefetch`): grain deals worker w the chunks w,
+w + W, ...; each worker walks the plan forward on its own, so the batches
+never depend on the worker count. Each element also carries, beside the batch, the cursor that
 resumes the plan at the *next* step and the tokens per source, so the
 iterator in the main process knows its position without planning. The batch
 is one int32 block of all fields (`row_assembly.FIELDS`).
 
-Small host batches are assembled several steps at a time (`CHUNK_ROWS`): in
-the main process, the steps it will be asked for next (the same stride as
-its last two requests) are planned, read and assembled in one call, and
-handed out one by one; a worker's chunk is such a call. Which rows a step
-holds never depends on this.
+Small host batches are assembled several steps at a time (`CHUNK_ROWS`): read
+step by step (`PlannedDataIterator.host_batches`), the steps it will be asked
+for next (the same stride as its last two requests) are planned, read and
+assembled in one call, and handed out one by one; a `PlannedChunkDataset`
+element is such a call. Which rows a step holds never depends on this.
 """
 
 from __future__ import annotations
@@ -253,17 +253,18 @@ def split_chunk(chunk: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
 
 
 class PlannedChunkDataset(grain.MapDataset):
-    """A host's steps, `steps_per_chunk` consecutive ones per element, for worker processes.
+    """A host's steps, `steps_per_chunk` consecutive ones per element.
 
     Handing a worker's step to the main process costs a fixed ~1.6 ms of CPU
     on 2 cores (a shared-memory segment made, mapped, copied out and
     unlinked, the resource tracker told twice, four thread hand-offs) plus
     ~3.7 ms per MB (bench/peers, 2 workers, 8 and 64 rows of 1024). A step of
-    8 rows paid the fixed part per 0.23 MB. Element j holds steps
+    8 rows paid the fixed part per 0.23 MB. In the main process, a chunk
+    goes to the devices in one transfer (`global_arrays.ChunkTransfer`) and
+    is counted in one pass (`data_stats.chunk_counts`). Element j holds steps
     `[j * steps_per_chunk, (j + 1) * steps_per_chunk)` of `steps`, assembled
-    in one call as one block (`assemble_chunk`); `split_chunk` gives the
-    main process the steps back. Which rows a step holds never depends on
-    this, nor on the worker count.
+    in one call as one block (`assemble_chunk`). Which rows a step holds
+    never depends on this, nor on the worker count.
 
     Args:
       steps: The host's steps, one per element.

@@ -103,11 +103,12 @@ def assemble_rows(
     """
     rows = pieces.rows
     size = rows * row_length
+    block = aligned_empty((len(FIELDS), size), np.int32)
     if len(pieces.source) == 0:
-        block = np.zeros((len(FIELDS), size), dtype=np.int32)
+        block.fill(0)
         block[_FIELD[SOURCE_ID_FIELD]] = SOURCE_ID_PADDING
         return block.reshape(len(FIELDS), rows, row_length)
-    block = np.empty((len(FIELDS), size), dtype=np.int32)  # every entry is written below
+    # Every entry of `block` is written below.
     keys = pieces.source.astype(np.int64) << _DOCUMENT_BITS | pieces.document
     unique, which = np.unique(keys, return_inverse=True)
     unique_source = unique >> _DOCUMENT_BITS
@@ -167,6 +168,22 @@ def assemble_rows(
     else:
         block[_FIELD["targets"]] = block[_FIELD["inputs"]]
     return block.reshape(len(FIELDS), rows, row_length)
+
+
+#: Bytes a host buffer's start must be a multiple of for XLA's CPU client to
+#: use it in place: a step's block of 8 x 1024 rows went into the compiled
+#: pick in 0.04-0.05 ms aligned, against ~0.1 ms copied when not (numpy's
+#: own allocations are 16-byte aligned).
+ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an `ALIGNMENT` boundary."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    return raw[offset : offset + size].view(dtype).reshape(shape)
 
 
 _ARANGES: dict[int, np.ndarray] = {}
