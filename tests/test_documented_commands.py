@@ -252,7 +252,7 @@ def test_make_demo(tmp_path):
         text=True,
         timeout=480,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.returncode == 0, _failure(result)
     assert "30 replayed steps compared with the pre-emption run: all identical" in result.stdout
 
     command = ELASTIC.replace("demo_workdir", str(demo)).replace(
@@ -269,6 +269,19 @@ def test_make_demo(tmp_path):
         "process_1-of-2.json",
     ]
     _after_a_loss_spike(demo, log)
+
+
+def _failure(result: subprocess.CompletedProcess) -> str:
+    """The output's tail, and where a crash began (JAX's fatal line, above its thread dump)."""
+    err = result.stderr
+    begun = min(
+        (i for i in (err.find("Fatal Python error"), err.find("Check failed")) if i >= 0),
+        default=-1,
+    )
+    start = (
+        "" if begun < 0 else f"--- crash began ---\n{err[max(0, begun - 3000) : begun + 1500]}\n"
+    )
+    return f"{result.stdout[-3000:]}\n{start}--- stderr tail ---\n{err[-3000:]}"
 
 
 def _after_a_loss_spike(demo: Path, log: list[dict]) -> None:

@@ -4,29 +4,43 @@
 `restore_or_initialize` resumes both; `DataMetricsHook` reports what the data
 pipeline delivered; `ProgressHook` logs a progress line. `trainer_hooks.train`
 is a complete config-driven training run built from them.
+
+Its names are imported on first use (PEP 562): `python -m trainer_hooks.train`
+imports this package first, and a multi-process run's launched process, which
+only watches the process that trains (`trainer_hooks.launch`), needs none of
+JAX or orbax.
 """
 
-from trainer_hooks.checkpointing import (
-    CheckpointHook,
-    checkpoint_manager,
-    restore_or_initialize,
-    save_args,
-)
-from trainer_hooks.config import default_config
-from trainer_hooks.data_metrics import DataMetricsHook
-from trainer_hooks.jsonl_writer import JsonlWriter
-from trainer_hooks.progress import ProgressHook
-from trainer_hooks.writers import TensorBoardWriter, make_writer
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointHook",
-    "DataMetricsHook",
-    "JsonlWriter",
-    "ProgressHook",
-    "TensorBoardWriter",
-    "default_config",
-    "make_writer",
-    "checkpoint_manager",
-    "restore_or_initialize",
-    "save_args",
-]
+import importlib
+from typing import Any
+
+#: Each exported name and the module that defines it.
+_EXPORTS = {
+    "CheckpointHook": "trainer_hooks.checkpointing",
+    "checkpoint_manager": "trainer_hooks.checkpointing",
+    "restore_or_initialize": "trainer_hooks.checkpointing",
+    "save_args": "trainer_hooks.checkpointing",
+    "default_config": "trainer_hooks.config",
+    "DataMetricsHook": "trainer_hooks.data_metrics",
+    "JsonlWriter": "trainer_hooks.jsonl_writer",
+    "ProgressHook": "trainer_hooks.progress",
+    "TensorBoardWriter": "trainer_hooks.writers",
+    "make_writer": "trainer_hooks.writers",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer_hooks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

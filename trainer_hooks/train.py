@@ -13,12 +13,20 @@ with an uninterrupted one. Several processes: pass `--coordinator`,
 detects by itself.
 """
 
+# ruff: noqa: E402 - a multi-process launcher exits before the heavy imports
+
 from __future__ import annotations
+
+import sys
+
+from trainer_hooks.launch import define_launch_flags, exit_if_watching
+
+if __name__ == "__main__":
+    exit_if_watching(sys.argv[1:])  # the package imports its own names lazily
 
 import logging as std_logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,7 +48,7 @@ from trainer_hooks.batch_log import BatchLog, batch_fingerprint
 from trainer_hooks.checkpointing import CheckpointHook, checkpoint_manager, restore_or_initialize
 from trainer_hooks.config import with_defaults
 from trainer_hooks.data_metrics import DataMetricsHook
-from trainer_hooks.lost_process import die_with_parent, in_child, run_watched
+from trainer_hooks.lost_process import die_with_parent, in_child
 from trainer_hooks.model import ModelConfig, create_train_state, eval_step, train_step
 from trainer_hooks.progress import ProgressHook
 from trainer_hooks.writers import WRITER_KINDS, make_writer
@@ -57,23 +65,11 @@ _CONFIG = define_config_file(
     "Run config (a configs/*.py file); override keys with --config.KEY=VALUE."
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and batch log go here.")
-_COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Join a multi-process run detected by JAX (SLURM, MPI, k8s, TPU)."
-)
+_LAUNCH = define_launch_flags()
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "CPU devices per process (CPU runs).", lower_bound=1
 )
 _INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", 300, "Seconds to wait for peers.")
-_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
-    "heartbeat_timeout",
-    10,
-    "Seconds without a heartbeat after which a process counts as lost and the others stop "
-    "(JAX's default, 100, kept a survivor waiting 56-101 s).",
-    lower_bound=1,
-)
 _RESTORE_STEP = flags.DEFINE_integer(
     "restore_step",
     None,
@@ -102,9 +98,6 @@ _WRITER = flags.DEFINE_enum(
     list(WRITER_KINDS),
     "Metrics to WORKDIR/metrics.jsonl (jsonl), and also TensorBoard event files to "
     "WORKDIR/tensorboard (tensorboard; needs no TensorFlow).",
-)
-_DEBUG = flags.DEFINE_bool(
-    "debug", False, "Show the traceback behind an error line (also XLSTM_DATA_DEBUG=1)."
 )
 _FINGERPRINTS = flags.DEFINE_bool(
     "fingerprints", True, "Log a per-step batch fingerprint to WORKDIR/batches.jsonl."
@@ -145,21 +138,23 @@ def _size_the_cpu_thread_pool(devices: int) -> None:
 
 def _start_processes() -> None:
     """Joins the other processes, from flags, JAX_* variables or cluster detection."""
-    coordinator = _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    coordinator = _LAUNCH.coordinator.value or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if _CPU_DEVICES.value:
-        if coordinator or _DISTRIBUTED.value:  # collectives across processes
+        if coordinator or _LAUNCH.distributed.value:  # collectives across processes
             _size_the_cpu_thread_pool(_CPU_DEVICES.value)
         jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-    num_processes = _NUM_PROCESSES.value or _env_int("JAX_NUM_PROCESSES")
-    process_id = _PROCESS_ID.value if _PROCESS_ID.value is not None else _env_int("JAX_PROCESS_ID")
-    if coordinator or _DISTRIBUTED.value:
+    num_processes = _LAUNCH.num_processes.value or _env_int("JAX_NUM_PROCESSES")
+    process_id = _LAUNCH.process_id.value
+    if process_id is None:
+        process_id = _env_int("JAX_PROCESS_ID")
+    if coordinator or _LAUNCH.distributed.value:
         # Values left None are detected by JAX (SLURM, Open MPI, Kubernetes, TPU pods).
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
             process_id=process_id,
             initialization_timeout=_INIT_TIMEOUT.value,
-            heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
+            heartbeat_timeout_seconds=_LAUNCH.heartbeat_timeout.value,
         )
     else:
         # A one-process service on loopback, for JAX's preemption notice (SIGTERM),
@@ -464,17 +459,12 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None or not _WORKDIR.value:
         raise app.UsageError("--config and --workdir are required")
-    debug = _DEBUG.value or os.environ.get("XLSTM_DATA_DEBUG", "") not in ("", "0")
-    distributed = bool(
-        _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS") or _DISTRIBUTED.value
-    )
+    debug = _LAUNCH.is_debug()
+    # A lost process aborts the others inside JAX: a multi-process run trains in a
+    # child (`launch.exit_if_watching`, before the imports), whose abort the
+    # launched process turns into one line (see trainer_hooks.lost_process).
     if in_child():
         die_with_parent()
-    elif distributed and not debug:
-        # A lost process aborts the others inside JAX: trained in a child, whose
-        # abort this process turns into one line (see trainer_hooks.lost_process).
-        num_processes = _NUM_PROCESSES.value or _env_int("JAX_NUM_PROCESSES")
-        sys.exit(run_watched(sys.argv[1:], num_processes, _HEARTBEAT_TIMEOUT.value))
     if not _VERBOSE.value:
         logging.get_absl_handler().addFilter(_OwnInfoOnly())
     _start_processes()
@@ -495,7 +485,7 @@ def main(argv: list[str]) -> None:
                 "a collective failed (%s); waiting for JAX to name the lost process",
                 str(error).splitlines()[0][:200],
             )
-            time.sleep(_HEARTBEAT_TIMEOUT.value + 20)
+            time.sleep(_LAUNCH.heartbeat_timeout.value + 20)
         raise
     if jax.process_index() == 0:
         if summary["preempted"]:
