@@ -99,8 +99,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
       mesh: The global mesh.
       eod_token_id: Appended to every document.
       worker_count: Worker processes computing whole steps (speed only).
-      worker_buffer_size: Steps each worker prepares ahead (the config's
-        default, 4: see `data_config`'s defaults for the measurement).
+      worker_buffer_size: Chunks each worker prepares ahead, each
+        `CHUNK_ROWS` rows of consecutive steps, at least one step (the
+        config's default, 4: see `data_config`'s defaults for the measurement).
       prefetch: Global batches prepared ahead in a background thread.
       read_threads: Threads reading a batch's documents.
       reset_after_epoch: Restart at step 0 after the last step (eval).
