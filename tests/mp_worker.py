@@ -405,7 +405,7 @@ def main() -> None:
 
         iterator.CHUNK_ROWS = params["chunk_rows"]
     result = SCENARIOS[args.scenario](params)
-    if isinstance(result, dict):
+    if "chunk_rows" in params:
         from xlstm_data.multihost import global_arrays
 
         result["picked"] = bool(global_arrays._PICKS)  # a whole chunk went through a pick
