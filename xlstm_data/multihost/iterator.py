@@ -217,8 +217,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
     def _pipeline(self, step: int, cursor: Cursor | None) -> WorkerHandover:
         """This host's chunks of steps from training step `step` (a cursor at or before it).
 
-        Every element holds `_steps_per_chunk()` consecutive steps (fewer at a
-        finite plan's end), computed in this process or in workers. With
+        Every element holds `_steps_per_chunk()` consecutive steps (the first
+        one step, fewer at a finite plan's end), computed in this process or in
+        workers. With
         workers, the chunks of the first `2 * worker_count *
         worker_buffer_size` steps are computed here while the workers start,
         and the workers begin after them (`WorkerHandover`). Twice what the
@@ -228,15 +229,17 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """
         read = grain.ReadOptions(num_threads=0)
         per_chunk = self._steps_per_chunk()
-        chunks = PlannedChunkDataset(self._planned(step, cursor), per_chunk)
-        handover = -(-2 * self.worker_count * self._worker_buffer_size // per_chunk)
+        # The first step alone: a (re)start hands it out without waiting for its chunk.
+        chunks = PlannedChunkDataset(self._planned(step, cursor), per_chunk, first_chunk_steps=1)
+        handover = 1 + -(-2 * self.worker_count * self._worker_buffer_size // per_chunk)
         if self.worker_count == 0 or handover >= len(chunks):
             return WorkerHandover(iter(chunks.to_iter_dataset(read)))
         options = grain.MultiprocessingOptions(
             num_workers=self.worker_count, per_worker_buffer_size=self._worker_buffer_size
         )
         # Each worker walks the plan from the cursor to its own chunks of steps.
-        later = PlannedChunkDataset(self._planned(step + handover * per_chunk, cursor), per_chunk)
+        later_step = step + chunks.first_step(handover)
+        later = PlannedChunkDataset(self._planned(later_step, cursor), per_chunk)
         workers = prefetch_in_workers(later.to_iter_dataset(read), options)
         return WorkerHandover(iter(chunks[:handover].to_iter_dataset(read)), workers)
 
