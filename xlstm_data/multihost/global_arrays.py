@@ -81,11 +81,8 @@ class ChunkTransfer:
         self._chunk_sharding = _chunk_sharding(sharding)
         # One process holds the whole global chunk; several make it from their local rows.
         self._local_is_global = jax.process_count() == 1
-        # Every process holds the same step indices; they go to the devices once.
-        self._indices = [
-            jax.make_array_from_process_local_data(_replicated(sharding), np.int32(k), ())
-            for k in range(steps_per_chunk)
-        ]
+        #: Step indices on the devices (the same on every process), made at the first pick.
+        self._indices: list[jax.Array] = []
         self._sent = 0
 
     def steps(self, block: np.ndarray, rows: Sequence[int]) -> Iterator[dict[str, jax.Array]]:
@@ -118,6 +115,12 @@ class ChunkTransfer:
         chunk = local  # one process: each pick takes the (aligned) host chunk in place
         if not self._local_is_global:
             chunk = jax.make_array_from_process_local_data(self._chunk_sharding, local, shape)
+        if not self._indices:
+            replicated = _replicated(self._sharding)
+            self._indices = [
+                jax.make_array_from_process_local_data(replicated, np.int32(k), ())
+                for k in range(self._per_chunk)
+            ]
         for k in range(count):
             yield pick(chunk, self._indices[k])
 
