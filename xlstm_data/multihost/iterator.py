@@ -219,13 +219,12 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
         Every element holds `_steps_per_chunk()` consecutive steps (the first
         one step, fewer at a finite plan's end), computed in this process or in
-        workers. With
-        workers, the chunks of the first `2 * worker_count *
-        worker_buffer_size` steps are computed here while the workers start,
-        and the workers begin after them (`WorkerHandover`). Twice what the
-        workers keep ready: with half as many, the loop still waited 0.27 s
-        per restart (2 workers, 0.1 s steps, bench/plan_mixture), with this
-        many 0.02 s.
+        workers. With workers, the first step and the chunks of the next
+        `2 * worker_count * worker_buffer_size` steps are computed here while
+        the workers start, and the workers begin after them (`WorkerHandover`).
+        Twice what the workers keep ready: with half as many, the loop still
+        waited 0.27 s per restart (2 workers, 0.1 s steps, bench/plan_mixture),
+        with this many 0.02 s.
         """
         read = grain.ReadOptions(num_threads=0)
         per_chunk = self._steps_per_chunk()
