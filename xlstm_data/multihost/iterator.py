@@ -51,6 +51,7 @@ from xlstm_data.multihost.plan_state import (
 )
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
+from xlstm_data.multihost.shared_slots import SlotRing
 from xlstm_data.multihost.worker_handover import WorkerHandover
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan
@@ -65,6 +66,7 @@ from xlstm_data.plan.schedule import BatchSizeSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import (
     CHUNK_ROWS,
+    BlockPlacement,
     PlannedBatchDataset,
     PlannedChunkDataset,
 )
@@ -200,7 +202,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """
         return self._planned(step, cursor).to_iter_dataset(grain.ReadOptions(num_threads=0))
 
-    def _planned(self, step: int, cursor: Cursor | None) -> PlannedBatchDataset:
+    def _planned(
+        self, step: int, cursor: Cursor | None, blocks: BlockPlacement | None = None
+    ) -> PlannedBatchDataset:
         return PlannedBatchDataset(
             self.plan,
             self._plan_sources,
@@ -212,6 +216,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             num_steps=self.iterator_length,
             read_threads=self._read_threads,
             skips=self.skips,
+            blocks=blocks,
         )
 
     def _pipeline(self, step: int, cursor: Cursor | None) -> WorkerHandover:
@@ -238,9 +243,27 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         )
         # Each worker walks the plan from the cursor to its own chunks of steps.
         later_step = step + chunks.first_step(handover)
-        later = PlannedChunkDataset(self._planned(later_step, cursor), per_chunk)
-        workers = prefetch_in_workers(later.to_iter_dataset(read), options)
-        return WorkerHandover(iter(chunks[:handover].to_iter_dataset(read)), workers)
+        ring = self._slot_ring(per_chunk)
+        later = PlannedChunkDataset(self._planned(later_step, cursor, ring.writer), per_chunk)
+        try:
+            workers = prefetch_in_workers(later.to_iter_dataset(read), options).map(ring.take)
+        except BaseException:  # refused (a script without the main guard): nothing is left
+            ring.close()
+            raise
+        return WorkerHandover(
+            iter(chunks[:handover].to_iter_dataset(read)), workers, after_close=ring.close
+        )
+
+    def _slot_ring(self, per_chunk: int) -> SlotRing:
+        """Shared-memory slots for the workers' chunks, as many per worker as can be in flight.
+
+        A worker's chunks in flight: its buffer, grain's queue and reader in
+        this process (4), the one being read here, and the one it assembles.
+        """
+        largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
+        block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
+        slots = self._worker_buffer_size + 6
+        return SlotRing(self.worker_count, slots, block_bytes)
 
     def _steps_per_chunk(self) -> int:
         """Steps per chunk of the host pipeline: `CHUNK_ROWS` rows of the largest host batch."""

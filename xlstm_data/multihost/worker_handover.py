@@ -18,7 +18,7 @@ no worker or shared-memory segment outlives the process.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -40,13 +40,17 @@ class WorkerHandover:
         None. Its iterator is made and its first element requested at once,
         in a helper thread that blocks the job's signals
         (`block_job_signals`), which starts the worker processes.
+      after_close: Called once the workers are stopped (or were never
+        started), to release what they shared with this process.
     """
 
     def __init__(
         self,
         in_process: Iterator[Any],
         workers: Iterable[Any] | None = None,
+        after_close: Callable[[], None] | None = None,
     ):
+        self._after_close = after_close
         self._in_process: Iterator[Any] | None = in_process
         self._workers: Iterator[Any] | None = None
         self._first: futures.Future | None = None
@@ -87,6 +91,7 @@ class WorkerHandover:
         self._close_in_process()
         first, self._first = self._first, None
         if first is None and self._workers is None:
+            self._release_shared()
             return
         threading.Thread(
             target=self._close_workers, args=(first,), name="xlstm-data-close-workers"
@@ -101,6 +106,13 @@ class WorkerHandover:
                 self._workers.close()
         except Exception as error:  # noqa: BLE001 - a background close must not kill the thread
             logging.warning("closing grain workers in the background failed: %s", error)
+        finally:
+            self._release_shared()
+
+    def _release_shared(self) -> None:
+        after_close, self._after_close = self._after_close, None
+        if after_close is not None:
+            after_close()
 
     def _close_in_process(self) -> None:
         close = getattr(self._in_process, "close", None)

@@ -27,6 +27,7 @@ import numpy as np
 from absl import flags, logging
 
 from xlstm_data.errors import DataConfigError
+from xlstm_data.multihost import shared_slots
 from xlstm_data.reading.row_assembly import aligned_empty
 
 #: Seconds between a worker's checks that the process that started it is alive.
@@ -98,7 +99,8 @@ class ExitWithParent:
         return {"interval_s": self.interval_s, "parent_pid": os.getpid()}
 
     def __call__(self, worker_index: int, worker_count: int) -> None:
-        del worker_index, worker_count
+        del worker_count
+        shared_slots.enter_worker(worker_index)
         # A scheduler's pre-emption notice goes to the whole process group (SLURM,
         # `kill -TERM -PGID`): workers must outlive it so the parent can read its
         # batches up to the agreed step and save it. grain stops its workers
@@ -220,8 +222,12 @@ def _contiguous_arrays(element: Any) -> Any:
     JAX's shutdown barrier on the other host.
     """
     return jax.tree.map(
-        lambda leaf: np.ascontiguousarray(leaf) if isinstance(leaf, np.ndarray) else leaf, element
+        lambda leaf: np.ascontiguousarray(leaf) if _discontiguous(leaf) else leaf, element
     )
+
+
+def _discontiguous(leaf: Any) -> bool:
+    return isinstance(leaf, np.ndarray) and not leaf.flags.c_contiguous
 
 
 def _owned(element: Any) -> Any:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, Protocol
 
 import grain
 import numpy as np
@@ -41,6 +41,14 @@ from xlstm_data.reading.row_assembly import assemble_rows
 CHUNK_ROWS = 64
 
 
+class BlockPlacement(Protocol):
+    """Places chunk blocks (`assemble_rows`'s `empty`) and names them for the hand-over."""
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
+
+    def ref(self, block: np.ndarray) -> Any: ...
+
+
 class PlannedBatchDataset(grain.MapDataset):
     """This host's batches from `start_step` on.
 
@@ -56,6 +64,9 @@ class PlannedBatchDataset(grain.MapDataset):
       num_steps: Training steps of a finite run (None: endless).
       read_threads: Threads reading a batch's documents (0: the calling thread).
       skips: Data steps skipped (`data.skip_steps`).
+      blocks: Where `assemble_chunk` puts a chunk's block and what it hands
+        over in its place (a worker's reused shared-memory slots,
+        `multihost.shared_slots`); None: a new array in this process.
     """
 
     def __init__(
@@ -71,8 +82,10 @@ class PlannedBatchDataset(grain.MapDataset):
         num_steps: int | None = None,
         read_threads: int = 0,
         skips: StepSkips = NO_SKIPS,
+        blocks: BlockPlacement | None = None,
     ):
         super().__init__()
+        self._blocks = blocks
         self._plan = plan
         self._sources = list(sources)
         self._host_index = host_index
@@ -210,10 +223,11 @@ class PlannedBatchDataset(grain.MapDataset):
             shift=spec.shift,
             shift_target=spec.shift_target,
             eod_token_id=self._eod,
+            empty=None if self._blocks is None else self._blocks.empty,
         )
         sources = len(spec.names)
         return {
-            "fields": block,
+            "fields": block if self._blocks is None else self._blocks.ref(block),
             "rows": np.array([pieces.rows for pieces in parts], dtype=np.int64),
             "data_step": np.array(steps, dtype=np.int64),
             "piece_counts": np.array(

@@ -77,6 +77,7 @@ def assemble_rows(
     shift: bool,
     shift_target: bool,
     eod_token_id: int,
+    empty: Callable[[tuple[int, ...], type], np.ndarray] | None = None,
 ) -> np.ndarray:
     """The `LLMBatch` fields of the planned rows, and `source_ids`: int32 `[FIELDS, rows, L]`.
 
@@ -103,11 +104,12 @@ def assemble_rows(
     """
     rows = pieces.rows
     size = rows * row_length
-    block = aligned_empty((len(FIELDS), size), np.int32)
+    block = (empty or aligned_empty)((len(FIELDS), rows, row_length), np.int32)
+    flat_block = block.reshape(len(FIELDS), size)
     if len(pieces.source) == 0:
         block.fill(0)
-        block[_FIELD[SOURCE_ID_FIELD]] = SOURCE_ID_PADDING
-        return block.reshape(len(FIELDS), rows, row_length)
+        flat_block[_FIELD[SOURCE_ID_FIELD]] = SOURCE_ID_PADDING
+        return block
     # Every entry of `block` is written below.
     keys = pieces.source.astype(np.int64) << _DOCUMENT_BITS | pieces.document
     unique, which = np.unique(keys, return_inverse=True)
@@ -152,22 +154,22 @@ def assemble_rows(
     gather_shift[pads] = zeros_at
     gather_shift -= begin
 
-    block[_FIELD["inputs_segmentation"]] = np.repeat(segment, tile)
-    block[_FIELD["targets_segmentation"]] = block[_FIELD["inputs_segmentation"]]
-    position = block[_FIELD["inputs_position"]]
+    flat_block[_FIELD["inputs_segmentation"]] = np.repeat(segment, tile)
+    flat_block[_FIELD["targets_segmentation"]] = flat_block[_FIELD["inputs_segmentation"]]
+    position = flat_block[_FIELD["inputs_position"]]
     np.subtract(_arange(size), np.repeat(begin, tile), out=position, casting="same_kind")
     for r in np.flatnonzero(filled < row_length).tolist():  # padding has position 0
         position[r * row_length + int(filled[r]) : (r + 1) * row_length] = 0
-    block[_FIELD["targets_position"]] = position
-    block[_FIELD[SOURCE_ID_FIELD]] = np.repeat(source, tile)
+    flat_block[_FIELD["targets_position"]] = position
+    flat_block[_FIELD[SOURCE_ID_FIELD]] = np.repeat(source, tile)
     gather = _arange(size) + np.repeat(gather_shift, tile)
-    np.take(flat, gather, out=block[_FIELD["inputs"]], mode="clip")  # in range: no buffer
+    np.take(flat, gather, out=flat_block[_FIELD["inputs"]], mode="clip")  # in range: no buffer
     if shift:
         gather += 1
-        np.take(flat, gather, out=block[_FIELD["targets"]], mode="clip")
+        np.take(flat, gather, out=flat_block[_FIELD["targets"]], mode="clip")
     else:
-        block[_FIELD["targets"]] = block[_FIELD["inputs"]]
-    return block.reshape(len(FIELDS), rows, row_length)
+        flat_block[_FIELD["targets"]] = flat_block[_FIELD["inputs"]]
+    return block
 
 
 #: Bytes a host buffer's start must be a multiple of for XLA's CPU client to
