@@ -418,6 +418,24 @@ def throughput_subjects(
         for packing in PACKINGS
     ]
     if host_row:
+        # Target 6 with one worker: the host pipeline in its own process, the
+        # device work in this one (on 2 cores, as many as there are busy processes).
+        subjects.append(
+            Subject(
+                "ours_best_fit_w1",
+                "ours",
+                {
+                    "task": "throughput",
+                    "sources": sources,
+                    "packing": "best_fit",
+                    "workers": 1,
+                    "warmup": max(settings.warmup, 12),
+                    "timed": settings.timed,
+                    "warmup_secs": settings.worker_warmup_secs,
+                    **shape,
+                },
+            )
+        )
         subjects.append(
             Subject(
                 "ours_best_fit_host",
@@ -630,9 +648,10 @@ def measure(
                     ratios[f"cpu ours_{packing}/megatron"] = _ratio(
                         results, f"ours_{packing}", "megatron", "cpu_secs_per_mtoken"
                     )
-                ratios["ours_best_fit/ours_best_fit_host"] = _ratio(
-                    results, "ours_best_fit", "ours_best_fit_host"
-                )
+                for whole in ("ours_best_fit", "ours_best_fit_w1"):
+                    ratios[f"{whole}/ours_best_fit_host"] = _ratio(
+                        results, whole, "ours_best_fit_host"
+                    )
                 figures = {
                     "tokens_per_sec": _per_subject(results, "tokens_per_sec"),
                     "cpu_secs_per_mtoken": _per_subject(results, "cpu_secs_per_mtoken"),
@@ -805,6 +824,19 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
                     1.0,
                     f"cold start at {documents} documents: <= 1.0x Megatron's index build and "
                     "first batch",
+                )
+            )
+    for whole, workers in (("ours_best_fit", "0 workers"), ("ours_best_fit_w1", "1 worker")):
+        stats = ratios.get(f"w0 {whole}/ours_best_fit_host")
+        if stats:
+            found.append(
+                common.target(
+                    f"w0 {whole}/ours_best_fit_host",
+                    stats["median"],
+                    ">=",
+                    0.9,
+                    f"whole iterator, best_fit, {workers}: within 10 % of the host pipeline "
+                    "(0 workers, this process)",
                 )
             )
     stats = ratios.get("prepare ours/megatron")
