@@ -18,6 +18,7 @@ import pytest
 
 from xlstm_data.multihost import shared_slots
 from xlstm_data.multihost.shared_slots import SlotRef, SlotRing
+from xlstm_data.multihost.worker_handover import WorkerHandover
 
 SHAPE = (7, 4, 32)
 
@@ -112,3 +113,27 @@ def test_a_worker_started_after_close_falls_back_to_its_own_memory(as_worker_1):
     ring.close()
     element = _element(writer, 4)
     assert type(element["fields"]) is np.ndarray and (element["fields"] == 4).all()
+
+
+def test_a_closing_pipeline_lets_waiting_workers_go_before_asking_them_to_stop():
+    """A worker stuck waiting for a slot would not see grain's stop request (25 s stall)."""
+    ring = SlotRing(workers=1, slots=1, slot_bytes=64)
+    names = ring.writer._names
+    released_when_stopped = []
+
+    class Workers:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return {"fields": np.zeros(1)}
+
+        def close(self):
+            states = ring._views[0][0]
+            released_when_stopped.append(bool(states[shared_slots._CLOSED]))
+
+    handover = WorkerHandover(iter(()), Workers(), slots=ring)
+    next(handover)
+    handover.close()
+    assert released_when_stopped == [True]
+    assert not any(_segment_exists(name) for name in names)

@@ -41,17 +41,15 @@ class ChunkTransfer:
     """Sends a chunk of consecutive steps, held as one block `[fields, rows, L]`, to the devices.
 
     A chunk's steps of equal rows go to the devices once, as one array
-    `[fields, steps, rows, L]`, and one compiled call (`_compiled_pick`)
-    returns every step's fields. On one process the pick takes the host
-    chunk itself, which a CPU device uses in place when it is 64-byte aligned
-    (`row_assembly.aligned_empty`). Per step of 8 x 1024 rows and 7 fields on
-    one CPU device (bench/peers corpus): a pytree of fields costs 0.77 ms of
-    CPU (`form_global_batch`, JAX's per-array dispatch); one step's numpy
-    block through a compiled split 0.11-0.16 ms, most of it copying the block
-    (numpy allocates 16-byte aligned); a pick of one step from an aligned
-    chunk 0.047 ms, and of all 8 steps in one call 0.024 ms per step (the
-    call's fixed cost paid once per chunk; each output array still costs
-    ~3.4 us).
+    `[fields, steps, rows, L]`; each step's fields are then picked from it on
+    the devices by one compiled call (`_compiled_pick`). On one process the
+    pick takes the host chunk itself, which a CPU device uses in place when
+    it is 64-byte aligned (`row_assembly.aligned_empty`). Per step of 8 x
+    1024 rows and 7 fields on one CPU device (bench/peers corpus): a pytree
+    of fields costs 0.77 ms of CPU (`form_global_batch`, JAX's per-array
+    dispatch); one step's numpy block through a compiled split 0.11-0.16 ms,
+    most of it copying the block (numpy allocates 16-byte aligned); a pick
+    from an aligned chunk 0.04-0.06 ms.
 
     No compile waits for a cold start: the first `PYTREE_STEPS` steps of a
     transfer go as pytrees, and so do the steps of a run shorter than a whole
@@ -83,6 +81,8 @@ class ChunkTransfer:
         self._chunk_sharding = _chunk_sharding(sharding)
         # One process holds the whole global chunk; several make it from their local rows.
         self._local_is_global = jax.process_count() == 1
+        #: Step indices on the devices (the same on every process), made at the first pick.
+        self._indices: list[jax.Array] = []
         self._sent = 0
 
     def steps(self, block: np.ndarray, rows: Sequence[int]) -> Iterator[dict[str, jax.Array]]:
@@ -105,17 +105,24 @@ class ChunkTransfer:
             start += count * run_rows
 
     def _picked(self, run: np.ndarray, count: int) -> Iterator[dict[str, jax.Array]]:
-        """The steps of `run` (`[fields, count * rows, L]`), sent once and picked in one call."""
+        """The steps of `run` (`[fields, count * rows, L]`), sent once and picked one by one."""
         local = run.reshape(run.shape[0], count, -1, *run.shape[2:])
         shape = (local.shape[0], count, local.shape[2] * self._host_count, *local.shape[3:])
         key = (self._names, self._sharding, shape, local.dtype.str)
         pick = _PICKS.get(key)
         if pick is None:
             pick = _PICKS[key] = _compiled_pick(*key)
-        chunk = local  # one process: the pick takes the (aligned) host chunk in place
+        chunk = local  # one process: each pick takes the (aligned) host chunk in place
         if not self._local_is_global:
             chunk = jax.make_array_from_process_local_data(self._chunk_sharding, local, shape)
-        yield from pick(chunk)
+        if not self._indices:
+            replicated = _replicated(self._sharding)
+            self._indices = [
+                jax.make_array_from_process_local_data(replicated, np.int32(k), ())
+                for k in range(self._per_chunk)
+            ]
+        for k in range(count):
+            yield pick(chunk, self._indices[k])
 
 
 #: Steps sent as pytrees before the pick is compiled (per transfer).
@@ -128,18 +135,25 @@ _PICKS: dict[tuple[Any, ...], Any] = {}
 def _compiled_pick(
     names: tuple[str, ...], sharding: NamedSharding, shape: tuple[int, ...], dtype: str
 ) -> Any:
-    """The compiled `chunk -> [{name: chunk[i, k]} for each step k]`, outputs with `sharding`."""
+    """The compiled `(chunk, k) -> {name: chunk[i, k]}` whose outputs have `sharding`."""
     chunk_sharding = _chunk_sharding(sharding)
+    index_sharding = _replicated(sharding)
     pick = jax.jit(
-        lambda chunk: [
-            {name: chunk[i, k] for i, name in enumerate(names)} for k in range(shape[1])
-        ],
-        in_shardings=chunk_sharding,
+        lambda chunk, k: {name: chunk[i, k] for i, name in enumerate(names)},
+        in_shardings=(chunk_sharding, index_sharding),
         out_shardings=sharding,
     )
-    return pick.lower(jax.ShapeDtypeStruct(shape, dtype, sharding=chunk_sharding)).compile()
+    return pick.lower(
+        jax.ShapeDtypeStruct(shape, dtype, sharding=chunk_sharding),
+        jax.ShapeDtypeStruct((), np.int32, sharding=index_sharding),
+    ).compile()
 
 
 def _chunk_sharding(sharding: NamedSharding) -> NamedSharding:
     """`sharding` of a field's rows, for a chunk `[fields, steps, rows, L]` of them."""
     return NamedSharding(sharding.mesh, PartitionSpec(None, None, *sharding.spec))
+
+
+def _replicated(sharding: NamedSharding) -> NamedSharding:
+    """Every device of `sharding`'s mesh holds the whole (scalar) array."""
+    return NamedSharding(sharding.mesh, PartitionSpec())

@@ -74,6 +74,10 @@ from xlstm_data.reading.row_assembly import FIELDS
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
 
+#: Shared memory a worker's slots may take (`_slot_ring`): 8 chunks of 256
+#: host rows of 8,192 tokens (7 int32 fields, 59 MB each) nearly fill it.
+SLOT_BYTES_PER_WORKER = 512 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class EpochLength:
@@ -250,19 +254,19 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         except BaseException:  # refused (a script without the main guard): nothing is left
             ring.close()
             raise
-        return WorkerHandover(
-            iter(chunks[:handover].to_iter_dataset(read)), workers, after_close=ring.close
-        )
+        return WorkerHandover(iter(chunks[:handover].to_iter_dataset(read)), workers, slots=ring)
 
     def _slot_ring(self, per_chunk: int) -> SlotRing:
         """Shared-memory slots for the workers' chunks, as many per worker as can be in flight.
 
         A worker's chunks in flight: its buffer, grain's queue and reader in
         this process (4), the one being read here, and the one it assembles.
+        At most `SLOT_BYTES_PER_WORKER` per worker (at least 2 slots): with
+        fewer slots than that a worker waits for the oldest to be read.
         """
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
-        slots = self._worker_buffer_size + 6
+        slots = max(2, min(self._worker_buffer_size + 6, SLOT_BYTES_PER_WORKER // block_bytes))
         return SlotRing(self.worker_count, slots, block_bytes)
 
     def _steps_per_chunk(self) -> int:

@@ -15,9 +15,10 @@ its next free slot (`SlotWriter.empty`) and sends a `SlotRef` in its place
 (`SlotWriter.ref`), a few bytes through grain's pipe; the main process copies
 the slot out on arrival and marks it free (`SlotRing.take`). A worker whose
 next slot is still full waits for it, so a slot is never written while the
-main process reads it. The ring's segments belong to the main process: it
-unlinks them when the pipeline is closed (`SlotRing.close`), which also
-frees every slot, so a worker waiting for one is never stranded.
+main process reads it. A pipeline being closed first releases any waiting
+worker (`SlotRing.release_waiting`: it must get back to grain's stop
+request), and unlinks the segments, which belong to the main process, once
+the workers are gone (`SlotRing.close`).
 """
 
 from __future__ import annotations
@@ -204,13 +205,17 @@ class SlotRing:
             states[_HEADER_INTS + ref.slot] = _FREE
         return {**element, "fields": block}
 
+    def release_waiting(self) -> None:
+        """Lets every worker write without waiting (its chunks will not be read)."""
+        for views in self._views:
+            views[0][_CLOSED] = 1
+
     def close(self) -> None:
-        """Frees every slot (a waiting worker goes on) and unlinks the segments."""
+        """Releases any waiting worker and unlinks the segments."""
         if self._closed:
             return
         self._closed = True
-        for views in self._views:
-            views[0][_CLOSED] = 1
+        self.release_waiting()
         self._views = []
         for segment in self._segments:
             try:

@@ -18,13 +18,14 @@ no worker or shared-memory segment outlives the process.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
 from absl import logging
 
 from xlstm_data.multihost.prefetch import block_job_signals
+from xlstm_data.multihost.shared_slots import SlotRing
 
 
 class WorkerHandover:
@@ -40,17 +41,20 @@ class WorkerHandover:
         None. Its iterator is made and its first element requested at once,
         in a helper thread that blocks the job's signals
         (`block_job_signals`), which starts the worker processes.
-      after_close: Called once the workers are stopped (or were never
-        started), to release what they shared with this process.
+      slots: The shared-memory slots the workers' chunks arrive in
+        (`shared_slots.SlotRing`), or None. A worker waiting for a slot is
+        released before the workers are asked to stop (else it would not see
+        grain's request until grain killed it), and the slots are unlinked
+        once the workers are gone.
     """
 
     def __init__(
         self,
         in_process: Iterator[Any],
         workers: Iterable[Any] | None = None,
-        after_close: Callable[[], None] | None = None,
+        slots: SlotRing | None = None,
     ):
-        self._after_close = after_close
+        self._slots = slots
         self._in_process: Iterator[Any] | None = in_process
         self._workers: Iterator[Any] | None = None
         self._first: futures.Future | None = None
@@ -100,6 +104,8 @@ class WorkerHandover:
     def _close_workers(self, first: futures.Future | None) -> None:
         """Closes the workers once started (grain's iterator is not thread-safe)."""
         try:
+            if self._slots is not None:
+                self._slots.release_waiting()
             if first is not None:
                 futures.wait([first])
             if self._workers is not None:  # set by the starter thread, read after it
@@ -110,9 +116,9 @@ class WorkerHandover:
             self._release_shared()
 
     def _release_shared(self) -> None:
-        after_close, self._after_close = self._after_close, None
-        if after_close is not None:
-            after_close()
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots.close()
 
     def _close_in_process(self) -> None:
         close = getattr(self._in_process, "close", None)
