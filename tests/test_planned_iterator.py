@@ -75,6 +75,29 @@ def test_worker_count_changes_nothing_and_a_position_moves_between_counts(refere
         again.close()
 
 
+def test_workers_with_no_room_for_shared_slots_send_the_same_chunks_through_grain(
+    monkeypatch, caplog
+):
+    """A small `/dev/shm` (64 MB in a default Docker container) has no room for the slots."""
+    from xlstm_data.multihost import iterator as iterator_module
+
+    data = {**DATA, "train": {"a": DATA["train"]["a"]}, "mixture_schedule": None}
+    data.update(num_epochs=1, worker_buffer_size=1)
+    mesh = create_mesh()
+    inline, _ = iterators_from_config(data, mesh)
+    try:
+        expected = [_host(batch) for batch in inline]
+    finally:
+        inline.close()
+    monkeypatch.setattr(iterator_module, "slots_that_fit", lambda *args: 0)
+    with_workers, _ = iterators_from_config({**data, "worker_count": 2}, mesh)
+    try:
+        _assert_same([_host(batch) for batch in with_workers], expected)
+    finally:
+        with_workers.close()
+    assert "too little for 2 chunks" in caplog.text
+
+
 def test_rows_hold_exactly_the_planned_pieces_of_the_documents():
     train, _ = iterators_from_config(DATA, create_mesh())
     try:

@@ -137,3 +137,15 @@ def test_a_closing_pipeline_lets_waiting_workers_go_before_asking_them_to_stop()
     handover.close()
     assert released_when_stopped == [True]
     assert not any(_segment_exists(name) for name in names)
+
+
+def test_slots_fit_in_half_the_free_shared_memory(monkeypatch):
+    class Stats:
+        f_frsize = 4096
+        f_bavail = 64 * 1024 * 1024 // 4096  # 64 MB free, a default Docker container
+
+    monkeypatch.setattr(shared_slots.os, "statvfs", lambda path: Stats())
+    megabyte = 1 << 20
+    assert shared_slots.slots_that_fit(workers=2, wanted=8, slot_bytes=megabyte) == 8
+    assert shared_slots.slots_that_fit(workers=2, wanted=8, slot_bytes=4 * megabyte) == 4
+    assert shared_slots.slots_that_fit(workers=8, wanted=8, slot_bytes=4 * megabyte) == 0

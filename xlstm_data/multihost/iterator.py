@@ -51,7 +51,7 @@ from xlstm_data.multihost.plan_state import (
 )
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
-from xlstm_data.multihost.shared_slots import SlotRing
+from xlstm_data.multihost.shared_slots import SHM_DIR, SlotRing, slots_that_fit
 from xlstm_data.multihost.worker_handover import WorkerHandover
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan
@@ -248,25 +248,41 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         # Each worker walks the plan from the cursor to its own chunks of steps.
         later_step = step + chunks.first_step(handover)
         ring = self._slot_ring(per_chunk)
-        later = PlannedChunkDataset(self._planned(later_step, cursor, ring.writer), per_chunk)
+        blocks = None if ring is None else ring.writer
+        later = PlannedChunkDataset(self._planned(later_step, cursor, blocks), per_chunk)
         try:
-            workers = prefetch_in_workers(later.to_iter_dataset(read), options).map(ring.take)
+            workers = prefetch_in_workers(later.to_iter_dataset(read), options)
         except BaseException:  # refused (a script without the main guard): nothing is left
-            ring.close()
+            if ring is not None:
+                ring.close()
             raise
+        if ring is not None:
+            workers = workers.map(ring.take)
         return WorkerHandover(iter(chunks[:handover].to_iter_dataset(read)), workers, slots=ring)
 
-    def _slot_ring(self, per_chunk: int) -> SlotRing:
+    def _slot_ring(self, per_chunk: int) -> SlotRing | None:
         """Shared-memory slots for the workers' chunks, as many per worker as can be in flight.
 
         A worker's chunks in flight: its buffer, grain's queue and reader in
         this process (4), the one being read here, and the one it assembles.
-        At most `SLOT_BYTES_PER_WORKER` per worker (at least 2 slots): with
-        fewer slots than that a worker waits for the oldest to be read.
+        At most `SLOT_BYTES_PER_WORKER` per worker (at least 2 slots), and
+        at most half of the free shared memory (`slots_that_fit`): with fewer
+        slots than that a worker waits for the oldest to be read. None where
+        not even 2 fit (a small `/dev/shm`): grain then sends each chunk
+        through a new segment, as it sends any array, 2-3 ms a chunk slower.
         """
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
-        slots = max(2, min(self._worker_buffer_size + 6, SLOT_BYTES_PER_WORKER // block_bytes))
+        wanted = max(2, min(self._worker_buffer_size + 6, SLOT_BYTES_PER_WORKER // block_bytes))
+        slots = slots_that_fit(self.worker_count, wanted, block_bytes)
+        if not slots:
+            logging.warning(
+                "shared memory (%s) holds too little for 2 chunks of %d bytes per worker; "
+                "workers send each chunk through a new segment instead (slower)",
+                SHM_DIR,
+                block_bytes,
+            )
+            return None
         return SlotRing(self.worker_count, slots, block_bytes)
 
     def _steps_per_chunk(self) -> int:

@@ -168,6 +168,29 @@ def _attach(name: str) -> mmap.mmap:
         os.close(fd)
 
 
+#: Where POSIX shared memory lives on Linux (a tmpfs, 64 MB in a default Docker container).
+SHM_DIR = "/dev/shm"
+
+
+def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
+    """`wanted` slots per worker, or fewer if they would take over half of the free shared memory.
+
+    A segment is sized at once but its pages are taken on first touch, and
+    a touch past a full tmpfs kills the process with SIGBUS: so the ring is
+    sized to what is free when it is made (grain's own segments come and go
+    beside it). 0 when not even 2 slots per worker fit: the caller then lets
+    grain send the chunks as it does any array.
+    """
+    try:
+        stats = os.statvfs(SHM_DIR)
+    except OSError:  # not Linux: no tmpfs to measure
+        return wanted
+    free = stats.f_bavail * stats.f_frsize
+    fitting = free // 2 // max(workers, 1) // max(slot_bytes, 1)
+    slots = min(wanted, fitting)
+    return slots if slots >= 2 else 0
+
+
 class SlotRing:
     """The main process's side: owns the segments and copies slots out.
 
