@@ -448,3 +448,36 @@ def test_train_config_typos_are_rejected_with_their_key():
     config.checkpoint.every_step = 10
     with pytest.raises(xd.DataConfigError, match=r"checkpoint\.every_step is unknown.*every_steps"):
         check_train_keys(config)
+
+
+def test_a_typed_prng_key_and_replicated_arrays_survive_a_save_on_cpu_devices(tmp_path):
+    """The reference loop saves replicated arrays whole on CPU (no replica slices).
+
+    The handler it registers keeps orbax's array-metadata store, where a
+    typed key's implementation is recorded: without it the key came back as
+    raw uint32 words.
+    """
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from trainer_hooks.checkpointing import MODEL_ITEM, checkpoint_manager
+
+    manager = checkpoint_manager(tmp_path / "checkpoints", async_save=False)
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    assert handler._use_replica_parallel is False  # noqa: SLF001
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = {
+        "key": jax.random.key(7),
+        "w": jax.device_put(jnp.arange(12.0).reshape(3, 4), replicated),
+    }
+    manager.save(1, args=ocp.args.Composite(**{MODEL_ITEM: ocp.args.StandardSave(state)}))
+    manager.wait_until_finished()
+    restored = manager.restore(
+        1, args=ocp.args.Composite(**{MODEL_ITEM: ocp.args.StandardRestore(state)})
+    )[MODEL_ITEM]
+    manager.close()
+    assert jax.dtypes.issubdtype(restored["key"].dtype, jax.dtypes.prng_key)
+    assert np.array_equal(jax.random.key_data(restored["key"]), jax.random.key_data(state["key"]))
+    assert np.array_equal(np.asarray(restored["w"]), np.arange(12.0).reshape(3, 4))
+    assert restored["w"].sharding.is_equivalent_to(replicated, 2)

@@ -149,3 +149,19 @@ def test_slots_fit_in_half_the_free_shared_memory(monkeypatch):
     assert shared_slots.slots_that_fit(workers=2, wanted=8, slot_bytes=megabyte) == 8
     assert shared_slots.slots_that_fit(workers=2, wanted=8, slot_bytes=4 * megabyte) == 4
     assert shared_slots.slots_that_fit(workers=8, wanted=8, slot_bytes=4 * megabyte) == 0
+
+
+def test_a_worker_with_no_room_to_reserve_its_slots_goes_without_them(as_worker_1, monkeypatch):
+    """Pages are reserved when a worker maps its segment: a full tmpfs is ENOSPC, not SIGBUS."""
+    import errno
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ring = SlotRing(workers=2, slots=2, slot_bytes=7 * 4 * 32 * 4)
+    monkeypatch.setattr(shared_slots.os, "posix_fallocate", full)
+    try:
+        element = _element(pickle.loads(pickle.dumps(ring.writer)), 3)
+        assert type(element["fields"]) is np.ndarray and (element["fields"] == 3).all()
+    finally:
+        ring.close()

@@ -209,17 +209,25 @@ def checkpoint_manager(
 def _no_replica_slices_on_cpu() -> None:
     """On CPU devices, orbax saves each replicated array whole from its first replica.
 
-    orbax's replica-parallel save (its default off GPU) has every replica
-    write a slice of a replicated array, cut with one JAX slice per array
-    and shape, traced and compiled in the saving thread. CPU devices share
-    the host's memory, so the slices parallelise nothing: in a 30-step run of
-    `tests/train_config.py` (2 CPU devices, a save every 4 steps) the slicing
-    was 17.5 % of the main thread. orbax itself turns it off on GPUs; the
-    files written are the same either way.
+    orbax's replica-parallel save (its default unless `JAX_PLATFORMS` names a
+    GPU) has every replica write a slice of a replicated array, cut with one
+    JAX slice per array and shape, traced and compiled in the saving thread.
+    CPU devices share the host's memory, so the slices parallelise nothing:
+    in a 30-step run of `tests/train_config.py` (2 CPU devices, a save every
+    4 steps) the slicing was 17.5 % of the main thread, and the run took
+    5.9-7.2 s instead of 8.7-9.6 s. The replacement handler keeps the default
+    one's array-metadata store (where orbax records, for instance, a typed
+    PRNG key's implementation); where orbax no longer exposes it, its default
+    handler is left in place.
     """
-    if jax.default_backend() == "cpu":
-        handler = ocp.type_handlers.ArrayHandler(use_replica_parallel=False)
-        ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    if jax.default_backend() != "cpu":
+        return
+    default = ocp.type_handlers.get_type_handler(jax.Array)
+    store = getattr(default, "_array_metadata_store", None)
+    if store is None:
+        return
+    handler = ocp.type_handlers.ArrayHandler(use_replica_parallel=False, array_metadata_store=store)
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
 
 def save_args(

@@ -248,24 +248,27 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         # Each worker walks the plan from the cursor to its own chunks of steps.
         later_step = step + chunks.first_step(handover)
         ring = self._slot_ring(per_chunk)
-        blocks = None if ring is None else ring.writer
-        later = PlannedChunkDataset(self._planned(later_step, cursor, blocks), per_chunk)
         try:
+            blocks = None if ring is None else ring.writer
+            later = PlannedChunkDataset(self._planned(later_step, cursor, blocks), per_chunk)
             workers = prefetch_in_workers(later.to_iter_dataset(read), options)
+            if ring is not None:
+                workers = workers.map(ring.take)
+            in_process = iter(chunks[:handover].to_iter_dataset(read))
         except BaseException:  # refused (a script without the main guard): nothing is left
             if ring is not None:
                 ring.close()
             raise
-        if ring is not None:
-            workers = workers.map(ring.take)
-        return WorkerHandover(iter(chunks[:handover].to_iter_dataset(read)), workers, slots=ring)
+        return WorkerHandover(in_process, workers, slots=ring)
 
     def _slot_ring(self, per_chunk: int) -> SlotRing | None:
         """Shared-memory slots for the workers' chunks, as many per worker as can be in flight.
 
-        A worker's chunks in flight: its buffer, grain's queue and reader in
-        this process (4), the one being read here, and the one it assembles.
-        At most `SLOT_BYTES_PER_WORKER` per worker (at least 2 slots), and
+        A worker's chunks in flight: the one it assembles, its queue
+        (`worker_buffer_size`), the one grain's reader thread here holds, that
+        thread's buffer (`worker_buffer_size` again) and the one being copied
+        out. At most `SLOT_BYTES_PER_WORKER` per worker (but never fewer than
+        2 slots), and
         at most half of the free shared memory (`slots_that_fit`): with fewer
         slots than that a worker waits for the oldest to be read. None where
         not even 2 fit (a small `/dev/shm`): grain then sends each chunk
@@ -273,7 +276,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
-        wanted = max(2, min(self._worker_buffer_size + 6, SLOT_BYTES_PER_WORKER // block_bytes))
+        in_flight = 2 * self._worker_buffer_size + 3
+        wanted = max(2, min(in_flight, SLOT_BYTES_PER_WORKER // block_bytes))
         slots = slots_that_fit(self.worker_count, wanted, block_bytes)
         if not slots:
             logging.warning(

@@ -42,9 +42,9 @@ _CLOSED = 0
 _FREE, _FULL = 0, 1
 #: Longest sleep between two looks at a full slot (the first is 0.1 ms).
 _MAX_WAIT_S = 0.005
-#: A lock taken between copying a slot and freeing it: its acquire and
-#: release are memory barriers, so the slot's reads finish before the free
-#: is seen, on machines that reorder them too.
+#: A lock taken twice between copying a slot and freeing it, the free stored
+#: inside the second: a release then an acquire keep the copy's reads before
+#: the free on machines that reorder loads and stores (ARM), not only on x86.
 _FENCE = threading.Lock()
 
 #: This worker's index among its pipeline's workers (`enter_worker`), or None.
@@ -135,7 +135,10 @@ class SlotWriter:
         if self._views is None:
             try:
                 segment = _attach(self._names[_worker_index])
-            except FileNotFoundError:  # the pipeline was closed before this worker began
+            except (OSError, ImportError) as error:
+                # Closed before this worker began, no room left in /dev/shm, or
+                # no POSIX shared memory: grain sends this worker's chunks.
+                logging.info("worker %d sends chunks without slots: %s", _worker_index, error)
                 return None
             self._views = _layout(segment, self._slots, self._slot_bytes)
         return self._views
@@ -150,7 +153,13 @@ def _wait_free(states: np.ndarray, slot: int) -> None:
 
 
 def _attach(name: str) -> mmap.mmap:
-    """Maps the main process's segment `name`, leaving the resource tracker out.
+    """Maps the main process's segment `name`, its pages reserved, leaving the resource tracker out.
+
+    A segment is sized by `ftruncate` but its pages are taken on first
+    touch, and a touch past a full tmpfs kills the worker with SIGBUS;
+    `posix_fallocate` takes them all now or fails with ENOSPC (then the
+    worker goes without slots). It costs about a millisecond per MB, once
+    per worker and pipeline, in the worker.
 
     `shared_memory.SharedMemory(name)` registers the segment with the
     resource tracker on every open before Python 3.13 (the main process's
@@ -163,7 +172,10 @@ def _attach(name: str) -> mmap.mmap:
 
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
+        size = os.fstat(fd).st_size
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        return mmap.mmap(fd, size)
     finally:
         os.close(fd)
 
@@ -205,9 +217,13 @@ class SlotRing:
         self._slots = slots
         self._slot_bytes = -(-slot_bytes // ALIGNMENT) * ALIGNMENT
         size = _header_bytes(slots) + slots * self._slot_bytes
-        self._segments = [
-            shared_memory.SharedMemory(create=True, size=size) for _ in range(workers)
-        ]
+        self._segments: list[shared_memory.SharedMemory] = []
+        try:
+            for _ in range(workers):
+                self._segments.append(shared_memory.SharedMemory(create=True, size=size))
+        except BaseException:
+            self._unlink_all()
+            raise
         self._views = [_layout(s.buf, slots, self._slot_bytes) for s in self._segments]
         self.writer = SlotWriter(tuple(s.name for s in self._segments), slots, self._slot_bytes)
         self._closed = False
@@ -225,6 +241,8 @@ class SlotRing:
         block = aligned_empty(ref.shape, dtype)
         np.copyto(block.reshape(-1).view(np.uint8), data[ref.slot, :size])
         with _FENCE:  # the copy's reads finish before the worker may write again
+            pass
+        with _FENCE:
             states[_HEADER_INTS + ref.slot] = _FREE
         return {**element, "fields": block}
 
@@ -240,9 +258,15 @@ class SlotRing:
         self._closed = True
         self.release_waiting()
         self._views = []
+        self._unlink_all()
+
+    def _unlink_all(self) -> None:
         for segment in self._segments:
             try:
                 segment.close()
             except BufferError:  # an array still views it; the mapping goes with the process
                 logging.debug("shared slots %s still viewed at close", segment.name)
-            segment.unlink()
+            try:
+                segment.unlink()
+            except OSError as error:  # one failure must not keep the others
+                logging.warning("could not unlink shared slots %s: %s", segment.name, error)

@@ -66,7 +66,8 @@ class PlannedBatchDataset(grain.MapDataset):
       skips: Data steps skipped (`data.skip_steps`).
       blocks: Where `assemble_chunk` puts a chunk's block and what it hands
         over in its place (a worker's reused shared-memory slots,
-        `multihost.shared_slots`); None: a new array in this process.
+        `multihost.shared_slots`); None: a new array in this process. Only
+        for chunks (`PlannedChunkDataset`): single steps need the block.
     """
 
     def __init__(
@@ -196,6 +197,11 @@ class PlannedBatchDataset(grain.MapDataset):
 
     def _assemble(self, indices: list[int]) -> dict[int, dict[str, Any]]:
         """The elements of `indices` (increasing), assembled in one call."""
+        if self._blocks is not None:
+            raise ValueError(
+                "steps are split from a chunk's block: read blocks placed elsewhere "
+                "through PlannedChunkDataset"
+            )
         chunk = self.assemble_chunk(indices)
         return dict(zip(indices, split_chunk(chunk), strict=True))
 
