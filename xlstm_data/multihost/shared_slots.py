@@ -10,7 +10,9 @@ corpus, 8 x 1024 rows, 8 steps per chunk).
 
 `SlotRing` is made by the main process for one pipeline with workers: a
 segment per worker, cut into `slots` slots of `slot_bytes` each, whose pages
-are touched once and then reused. A worker assembles a chunk straight into
+the worker reserves once, when it maps the segment, and then reuses. grain
+has no public way to send into memory the worker already holds, hence this
+module. A worker assembles a chunk straight into
 its next free slot (`SlotWriter.empty`) and sends a `SlotRef` in its place
 (`SlotWriter.ref`), a few bytes through grain's pipe; the main process copies
 the slot out on arrival and marks it free (`SlotRing.take`). A worker whose
