@@ -800,56 +800,31 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
     from bench import common
 
     found = []
+
+    def add(metric: str, comparison: str, threshold: float, description: str) -> None:
+        stats = ratios.get(metric)
+        if stats:
+            found.append(common.target(metric, stats["median"], comparison, threshold, description))
+
     for key, comparison, threshold, description in TARGETS:
         for packing in PACKINGS:
-            stats = ratios.get(key.format(p=packing))
-            if stats:
-                found.append(
-                    common.target(
-                        key.format(p=packing),
-                        stats["median"],
-                        comparison,
-                        threshold,
-                        description.format(p=packing),
-                    )
-                )
+            add(key.format(p=packing), comparison, threshold, description.format(p=packing))
     for documents in settings.cold_sizes:
-        stats = ratios.get(f"cold_start {documents} ours/megatron")
-        if stats:
-            found.append(
-                common.target(
-                    f"cold_start {documents} ours/megatron",
-                    stats["median"],
-                    "<=",
-                    1.0,
-                    f"cold start at {documents} documents: <= 1.0x Megatron's index build and "
-                    "first batch",
-                )
-            )
-    for whole, workers in (("ours_best_fit", "0 workers"), ("ours_best_fit_w1", "1 worker")):
-        stats = ratios.get(f"w0 {whole}/ours_best_fit_host")
-        if stats:
-            found.append(
-                common.target(
-                    f"w0 {whole}/ours_best_fit_host",
-                    stats["median"],
-                    ">=",
-                    0.9,
-                    f"whole iterator, best_fit, {workers}: within 10 % of the host pipeline "
-                    "(0 workers, this process)",
-                )
-            )
-    stats = ratios.get("prepare ours/megatron")
-    if stats:
-        found.append(
-            common.target(
-                "prepare ours/megatron",
-                stats["median"],
-                ">=",
-                1.0,
-                "prepare tokens/s >= IndexedDatasetBuilder's",
-            )
+        add(
+            f"cold_start {documents} ours/megatron",
+            "<=",
+            1.0,
+            f"cold start at {documents} documents: <= 1.0x Megatron's index build and first batch",
         )
+    for whole, workers in (("ours_best_fit", "0 workers"), ("ours_best_fit_w1", "1 worker")):
+        add(
+            f"w0 {whole}/ours_best_fit_host",
+            ">=",
+            0.9,
+            f"whole iterator, best_fit, {workers}: within 10 % of the host pipeline "
+            "(0 workers, this process)",
+        )
+    add("prepare ours/megatron", ">=", 1.0, "prepare tokens/s >= IndexedDatasetBuilder's")
     return found
 
 
