@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from xlstm_data.reading.row_assembly import ALIGNMENT, aligned_empty
+from xlstm_data.reading.row_assembly import ALIGNMENT, aligned_copy, aligned_empty
 
 #: Bytes before the first slot: the closed flag, then one state per slot.
 _HEADER_INTS = ALIGNMENT // 4
@@ -189,11 +189,11 @@ SHM_DIR = "/dev/shm"
 def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
     """`wanted` slots per worker, or fewer if they would take over half of the free shared memory.
 
-    A segment is sized at once but its pages are taken on first touch, and
-    a touch past a full tmpfs kills the process with SIGBUS: so the ring is
-    sized to what is free when it is made (grain's own segments come and go
-    beside it). 0 when not even 2 slots per worker fit: the caller then lets
-    grain send the chunks as it does any array.
+    Sized to what is free when the ring is made, leaving the other half to
+    grain's own segments, which come and go beside it (a worker that still
+    finds no room when it reserves its pages goes without slots, `_attach`).
+    0 when not even 2 slots per worker fit: the caller then lets grain send
+    the chunks as it does any array.
     """
     try:
         stats = os.statvfs(SHM_DIR)
@@ -240,8 +240,7 @@ class SlotRing:
         states, data = self._views[ref.worker]
         dtype = np.dtype(ref.dtype)
         size = int(np.prod(ref.shape)) * dtype.itemsize
-        block = aligned_empty(ref.shape, dtype)
-        np.copyto(block.reshape(-1).view(np.uint8), data[ref.slot, :size])
+        block = aligned_copy(data[ref.slot, :size].view(dtype).reshape(ref.shape))
         with _FENCE:  # the copy's reads finish before the worker may write again
             pass
         with _FENCE:

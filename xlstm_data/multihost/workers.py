@@ -28,7 +28,7 @@ from absl import flags, logging
 
 from xlstm_data.errors import DataConfigError
 from xlstm_data.multihost import shared_slots
-from xlstm_data.reading.row_assembly import aligned_empty
+from xlstm_data.reading.row_assembly import aligned_copy
 
 #: Seconds between a worker's checks that the process that started it is alive.
 PARENT_CHECK_INTERVAL_S = 0.5
@@ -239,17 +239,11 @@ def _owned(element: Any) -> Any:
     down: the segment leaked (the resource tracker warns). So did a chunk of
     steps (`PlannedChunkDataset`) whose later steps a restart left unread.
     Copied on arrival, before anything holds a view of it: one copy of an
-    element (1.8 MB at 32 x 2048) is small against computing it. The copy is
-    aligned as the main process's own blocks are (`aligned_empty`), so a CPU
-    device uses it in place.
+    element (1.8 MB at 32 x 2048) is small against computing it. The copy
+    (`aligned_copy`) is aligned as the main process's own blocks are, so a
+    CPU device uses it in place.
     """
-    return jax.tree.map(lambda leaf: _aligned_copy(leaf) if _shared(leaf) else leaf, element)
-
-
-def _aligned_copy(array: np.ndarray) -> np.ndarray:
-    copy = aligned_empty(array.shape, array.dtype)
-    np.copyto(copy, array)
-    return copy
+    return jax.tree.map(lambda leaf: aligned_copy(leaf) if _shared(leaf) else leaf, element)
 
 
 def _shared(leaf: Any) -> bool:

@@ -188,6 +188,13 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     return raw[offset : offset + size].view(dtype).reshape(shape)
 
 
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """`array` copied into an `aligned_empty` array of its shape and dtype."""
+    copy = aligned_empty(array.shape, array.dtype)
+    np.copyto(copy, array)
+    return copy
+
+
 _ARANGES: dict[int, np.ndarray] = {}
 
 
