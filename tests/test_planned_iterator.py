@@ -75,20 +75,33 @@ def test_worker_count_changes_nothing_and_a_position_moves_between_counts(refere
         again.close()
 
 
+#: One source, one epoch, workers of buffer 1: most steps come from the workers' chunks.
+ONE_SOURCE_EPOCH = {
+    **DATA,
+    "train": {"a": DATA["train"]["a"]},
+    "mixture_schedule": None,
+    "num_epochs": 1,
+    "worker_buffer_size": 1,
+}
+
+
+def _whole_epoch_inline(data: dict, mesh) -> list[dict[str, np.ndarray]]:
+    inline, _ = iterators_from_config(data, mesh)
+    try:
+        return [_host(batch) for batch in inline]
+    finally:
+        inline.close()
+
+
 def test_workers_with_no_room_for_shared_slots_send_the_same_chunks_through_grain(
     monkeypatch, caplog
 ):
     """A small `/dev/shm` (64 MB in a default Docker container) has no room for the slots."""
     from xlstm_data.multihost import iterator as iterator_module
 
-    data = {**DATA, "train": {"a": DATA["train"]["a"]}, "mixture_schedule": None}
-    data.update(num_epochs=1, worker_buffer_size=1)
+    data = ONE_SOURCE_EPOCH
     mesh = create_mesh()
-    inline, _ = iterators_from_config(data, mesh)
-    try:
-        expected = [_host(batch) for batch in inline]
-    finally:
-        inline.close()
+    expected = _whole_epoch_inline(data, mesh)
     monkeypatch.setattr(iterator_module, "slots_that_fit", lambda *args: 0)
     with_workers, _ = iterators_from_config({**data, "worker_count": 2}, mesh)
     try:
@@ -239,19 +252,9 @@ def test_workers_hand_over_chunks_of_steps_that_are_the_inline_steps():
     from a chunk: across ramp-up stages, to the finite plan's last, partial
     chunk, and resumed inside a chunk, on another worker count.
     """
-    data = {
-        **DATA,
-        "train": {"a": DATA["train"]["a"]},
-        "mixture_schedule": None,
-        "num_epochs": 1,
-        "worker_buffer_size": 1,
-    }
+    data = ONE_SOURCE_EPOCH
     mesh = create_mesh()
-    inline, _ = iterators_from_config(data, mesh)
-    try:
-        expected = [_host(batch) for batch in inline]
-    finally:
-        inline.close()
+    expected = _whole_epoch_inline(data, mesh)
     assert len(expected) > 13 and (len(expected) - 4) % 8  # the last chunk is partial
     inline, _ = iterators_from_config(data, mesh)
     try:
