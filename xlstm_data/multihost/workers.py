@@ -222,12 +222,8 @@ def _contiguous_arrays(element: Any) -> Any:
     JAX's shutdown barrier on the other host.
     """
     return jax.tree.map(
-        lambda leaf: np.ascontiguousarray(leaf) if _discontiguous(leaf) else leaf, element
+        lambda leaf: np.ascontiguousarray(leaf) if isinstance(leaf, np.ndarray) else leaf, element
     )
-
-
-def _discontiguous(leaf: Any) -> bool:
-    return isinstance(leaf, np.ndarray) and not leaf.flags.c_contiguous
 
 
 def _owned(element: Any) -> Any:
