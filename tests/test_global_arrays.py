@@ -32,6 +32,18 @@ STEPS = 20  # a chunk of 8 steps split by the ramp-up, then whole ones
 def test_every_device_holds_its_rows_of_the_host_batch(monkeypatch, axes, pytree_steps):
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", pytree_steps)
     monkeypatch.setattr(global_arrays, "_PICKS", {})
+    _check_every_step(axes, pytree_steps)
+
+
+def test_chunks_put_on_the_devices_once_give_the_same_batches(monkeypatch):
+    """An accelerator's path: each chunk goes to the devices, and the picks read it there."""
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    monkeypatch.setattr(global_arrays, "picks_read_host_chunks", lambda sharding: False)
+    _check_every_step("dp:2,fsdp:2,tp:1,sp:1", 0)
+
+
+def _check_every_step(axes: str, pytree_steps: int) -> None:
     train, _ = iterators_from_config(DATA, create_mesh(axes))
     try:
         host = [fields_of(e["fields"]) for e in itertools.islice(train.host_batches(), STEPS)]

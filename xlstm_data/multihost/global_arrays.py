@@ -42,14 +42,21 @@ class ChunkTransfer:
 
     A chunk's steps of equal rows go to the devices once, as one array
     `[fields, steps, rows, L]`; each step's fields are then picked from it on
-    the devices by one compiled call (`_compiled_pick`). On one process the
-    pick takes the host chunk itself, which a CPU device uses in place when
-    it is 64-byte aligned (`row_assembly.aligned_empty`). Per step of 8 x
-    1024 rows and 7 fields on one CPU device (bench/peers corpus): a pytree
-    of fields costs 0.77 ms of CPU (`form_global_batch`, JAX's per-array
-    dispatch); one step's numpy block through a compiled split 0.11-0.16 ms,
-    most of it copying the block (numpy allocates 16-byte aligned); a pick
-    from an aligned chunk 0.04-0.06 ms.
+    the devices by one compiled call (`_compiled_pick`). On one process with
+    CPU devices the pick takes the host chunk itself, which a CPU device
+    uses in place when it is 64-byte aligned (`row_assembly.aligned_empty`).
+    An accelerator would copy a host argument to itself at every call, so
+    there the chunk is put on the devices once and every pick reads it
+    there. On an H100 (`bench/on_accelerator.sh`) a step of 8 x 1024 rows
+    cost 0.51-0.54 ms of wall time and 0.67-0.70 ms of CPU with the host
+    chunk passed to every pick, and 0.19-0.23 ms and 0.25-0.31 ms with the
+    chunk put once; the whole 0-worker iterator went from 5.8 to 11.3 M
+    tok/s (bench/peers corpus). On one CPU device, per step of 8 x 1024
+    rows and 7 fields: a pytree of fields costs 0.77 ms of CPU
+    (`form_global_batch`, JAX's per-array dispatch); one step's numpy block
+    through a compiled split 0.11-0.16 ms, most of it copying the block
+    (numpy allocates 16-byte aligned); a pick from an aligned chunk
+    0.04-0.06 ms.
 
     No compile waits for a cold start: the first `PYTREE_STEPS` steps of a
     transfer go as pytrees, and so do the steps of a run shorter than a whole
@@ -79,8 +86,7 @@ class ChunkTransfer:
         self._host_count = host_count
         self._per_chunk = steps_per_chunk
         self._chunk_sharding = _chunk_sharding(sharding)
-        # One process holds the whole global chunk; several make it from their local rows.
-        self._local_is_global = jax.process_count() == 1
+        self._in_place = picks_read_host_chunks(sharding)
         #: Step indices on the devices (the same on every process), made at the first pick.
         self._indices: list[jax.Array] = []
         self._sent = 0
@@ -112,8 +118,8 @@ class ChunkTransfer:
         pick = _PICKS.get(key)
         if pick is None:
             pick = _PICKS[key] = _compiled_pick(*key)
-        chunk = local  # one process: each pick takes the (aligned) host chunk in place
-        if not self._local_is_global:
+        chunk = local
+        if not self._in_place:
             chunk = jax.make_array_from_process_local_data(self._chunk_sharding, local, shape)
         if not self._indices:
             replicated = _replicated(self._sharding)
@@ -130,6 +136,13 @@ PYTREE_STEPS = 64
 #: Compiled picks by (names, sharding, chunk shape, dtype), shared by every
 #: iterator of the process (an eval iterator rebuilt per pass compiles nothing again).
 _PICKS: dict[tuple[Any, ...], Any] = {}
+
+
+def picks_read_host_chunks(sharding: NamedSharding) -> bool:
+    """Whether a pick takes the host chunk itself: one process with CPU devices (see above)."""
+    return jax.process_count() == 1 and all(
+        device.platform == "cpu" for device in sharding.mesh.devices.flat
+    )
 
 
 def _compiled_pick(
