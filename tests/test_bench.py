@@ -167,6 +167,7 @@ def test_device_overlap(results):
     assert result["step_secs"] > 0 and result["loop_secs"] > 0 and result["batch_bytes"] > 0
     _positive_stats(result["transfer_secs"])
     assert 0 <= result["wait_share"] < 1
+    assert result["warmup_longest_wait_secs"] >= 0 and result["warmup_longest_wait_step"] >= 1
     assert [t["metric"] for t in result["targets"]] == ["wait_share"]
 
 
