@@ -108,8 +108,10 @@ def _units(pieces: Pieces, unit: str, sources: int) -> np.ndarray:
     return np.bincount(pieces.source[chosen], weights=weights, minlength=sources)
 
 
+# Batches up to 64 rows: a 256-row batch of 7-document blocks of short documents
+# took 22.9 s to walk for 600 steps, and this test took 36 to 244 s across suite runs.
 @settings(SETTINGS, max_examples=15)
-@given(plans(steps=600, max_documents=10**5, max_rows=256))
+@given(plans(steps=600, max_documents=10**5, max_rows=64))
 def test_every_long_stage_serves_its_weights_within_one_point(drawn):
     plan, _ = drawn  # the global batch does not depend on the host count (test_plan)
     steps = 600
