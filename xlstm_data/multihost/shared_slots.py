@@ -12,12 +12,12 @@ corpus, 8 x 1024 rows, 8 steps per chunk).
 segment per worker, cut into `slots` slots of `slot_bytes` each, whose pages
 the worker reserves once, when it maps the segment, and then reuses. grain
 has no public way to send into memory the worker already holds, hence this
-module. A worker assembles a chunk straight into
-its next free slot (`SlotWriter.empty`) and sends a `SlotRef` in its place
-(`SlotWriter.ref`), a few bytes through grain's pipe; the main process copies
-the slot out on arrival and marks it free (`SlotRing.take`). A worker whose
-next slot is still full waits for it, so a slot is never written while the
-main process reads it. A pipeline being closed first releases any waiting
+module. A worker assembles a chunk straight into its next free slot
+(`SlotWriter.empty`) and sends a `SlotRef` in its place (`SlotWriter.ref`),
+a few bytes through grain's pipe; the main process copies the slot out on
+arrival and marks it free (`SlotRing.take`). A worker whose next slot is
+still full waits for it, so a slot is never written while the main process
+reads it. A pipeline being closed first releases any waiting
 worker (`SlotRing.release_waiting`: it must get back to grain's stop
 request), and unlinks the segments, which belong to the main process, once
 the workers are gone (`SlotRing.close`).
