@@ -66,10 +66,18 @@ def run_processes(
     return [json.loads(out.read_text()) for _, out in procs]
 
 
-#: JAX's persistent compilation cache settings (see conftest).
+#: On the subprocesses' PYTHONPATH: lets every process of a run read JAX's
+#: compilation cache, not only the first (see its sitecustomize).
+SUBPROCESS_SITE = REPO / "tests" / "subprocess_site"
+
+
 def subprocess_env() -> dict[str, str]:
-    """The environment of a fresh interpreter on this checkout, CPU only."""
-    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    """The environment of a fresh interpreter on this checkout, CPU only.
+
+    JAX's persistent compilation cache settings come from conftest.
+    """
+    path = os.pathsep.join((str(REPO), str(SUBPROCESS_SITE)))
+    return dict(os.environ, PYTHONPATH=path, XLA_FLAGS="", JAX_PLATFORMS="cpu")
 
 
 def run_train(*args: str, expect: int = 0, timeout: float = 240) -> subprocess.CompletedProcess:

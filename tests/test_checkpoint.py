@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ import pytest
 import xlstm_data as xd
 from tests.helpers import assert_batches_equal
 from tests.mp_worker import checkpoint_data_config
-from tests.multiprocess import REPO, run_processes
+from tests.multiprocess import REPO, run_processes, subprocess_env
 from trainer_hooks.model import ModelConfig, create_train_state
 from xlstm_data.checkpoint import CHECKPOINT_FORMAT_VERSION, state_file_name
 
@@ -322,7 +321,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # step 2 is still being written
 def test_crash_during_an_async_save_leaves_the_previous_step_restorable(tmp_path, mesh):
     directory = tmp_path / "ckpt"
     script = CRASH_DURING_SAVE.format(tests=str(REPO / "tests"), directory=str(directory))
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = subprocess_env()
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)], env=env, timeout=120, capture_output=True
     )

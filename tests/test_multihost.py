@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 
 import pytest
 
-from tests.multiprocess import run_processes
+from tests.multiprocess import run_processes, subprocess_env
 
 
 def _tokens_by_data_host(results) -> dict[int, list[int]]:
@@ -106,3 +108,18 @@ def test_rampup_restore_inside_and_across_stages_on_two_processes(tmp_path):
         assert result["shapes"] == expected
         assert result["mismatches"] == []
         assert result["states_past_first_block"] >= 3  # the restores start mid-plan
+
+
+def test_every_test_subprocess_keys_jaxs_compilation_cache_alike():
+    """`tests/subprocess_site` is in force: its key is the same in every process of a run."""
+    script = "import jax._src.cache_key as k; print(k._hash_accelerator_config.__qualname__)"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stdout.split() == [
+        "_hash_devices_everywhere_alike.<locals>._hash_accelerator_config"
+    ], result.stderr[-2000:]

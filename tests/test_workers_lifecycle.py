@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import os
 import select
 import signal
 import subprocess
@@ -28,10 +27,10 @@ import pytest
 
 import xlstm_data as xd
 from tests.helpers import unique_token_docs
+from tests.multiprocess import subprocess_env
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT_TIMEOUT_S = 120
 #: The bound on how long orphans may outlive their killed parent.
 ORPHAN_GRACE_S = 10
@@ -169,10 +168,6 @@ print("batch", next(train).inputs.shape)
 """
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="", JAX_PLATFORMS="cpu")
-
-
 def _run_script(
     tmp_path: Path, source: str, *args: str, own_group: bool = False
 ) -> subprocess.CompletedProcess:
@@ -180,7 +175,7 @@ def _run_script(
     script.write_text(textwrap.dedent(source))
     return subprocess.run(
         [sys.executable, str(script), *args],
-        env=_env(),
+        env=subprocess_env(),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -254,7 +249,7 @@ def test_killed_parent_leaves_no_worker_or_resource_tracker(tmp_path):
     script.write_text(textwrap.dedent(KILLED_SCRIPT))
     proc = subprocess.Popen(
         [sys.executable, str(script)],
-        env=_env(),
+        env=subprocess_env(),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
