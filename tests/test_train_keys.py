@@ -26,7 +26,7 @@ CONFIG = str(REPO / "tests" / "train_config.py")
         ("checkpoint.every_steps", 0, "checkpoint.every_steps=0 is invalid"),
         ("checkpoint.max_to_keep", 0, "checkpoint.max_to_keep=0 is invalid"),
         ("checkpoint.every_secs", -1.0, "checkpoint.every_secs=-1.0 is invalid"),
-        ("model.num_heads", 3, "model.num_heads=3 does not divide model.d_model=64"),
+        ("model.num_heads", 3, "model.num_heads=3 does not divide model.d_model=32"),
         ("model.d_model", 0, "model.d_model=0 is invalid; expected an integer >= 1"),
         ("model.vocab_size", 1, "model.vocab_size=1 is invalid; expected an integer >= 2"),
         ("model.mlp_dim", 10**9, "model.mlp_dim=1000000000 is invalid; expected an integer <="),

@@ -151,5 +151,5 @@ def test_jsonl_writer_takes_a_config_dict_as_hparams(tmp_path):
     writer.flush()
     (record,) = [json.loads(line) for line in path.read_text().splitlines()]
     hparams = record["hparams"]
-    assert hparams["model"]["d_model"] == 64 and hparams["checkpoint"]["max_to_keep"] == 2
+    assert hparams["model"]["d_model"] == 32 and hparams["checkpoint"]["max_to_keep"] == 2
     assert hparams["data"]["train"]["web"]["weight"] == 0.5

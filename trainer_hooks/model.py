@@ -38,10 +38,10 @@ class ModelConfig:
 
     vocab_size: int
     max_length: int
-    d_model: int = 64
+    d_model: int = 32
     num_layers: int = 2
-    num_heads: int = 4
-    mlp_dim: int = 256
+    num_heads: int = 2
+    mlp_dim: int = 128
     dtype: Any = jnp.float32
 
     @classmethod
