@@ -132,8 +132,9 @@ def test_every_long_stage_serves_its_weights_within_one_point(drawn):
         assert (served[asked == 0] == 0).all()
 
 
+# Up to 64 rows, as above: with 128 this test took 30 to 65 s across suite runs.
 @settings(SETTINGS, max_examples=12)
-@given(plans(steps=300, max_rows=128), st.data())
+@given(plans(steps=300, max_rows=64), st.data())
 def test_a_stage_changes_no_row_before_it_starts(drawn, data):
     plan, hosts = drawn
     mixture = plan.spec.mixture

@@ -337,16 +337,28 @@ def test_orbax_finalize_asking_an_older_step_does_not_move_jaxs_sync_counter(tmp
     manager.close()
 
 
+#: Checkpoints every 7 steps, all kept.
+EVERY_7 = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
+
+
+@pytest.fixture(scope="module")
+def saved_at_7_and_14(tmp_path_factory):
+    """A 14-step run saved at 7 and 14 (one launch for every kind of damage)."""
+    workdir = tmp_path_factory.mktemp("saved_at_7_and_14") / "run"
+    workdir.mkdir()
+    wait_all(launch(workdir, 1, "--config.num_train_steps=14", *EVERY_7))
+    return workdir
+
+
 @pytest.mark.parametrize("damage", ["metadata", "data", "model_chunk"])
 def test_a_damaged_latest_step_names_restore_step_which_resumes_the_earlier_one(
-    tmp_path, uninterrupted_run, damage
+    tmp_path, uninterrupted_run, saved_at_7_and_14, damage
 ):
     reference = {r["step"]: r for r in records(uninterrupted_run(1))}
     workdir = tmp_path / "run"
-    workdir.mkdir()
     # Saves at 7 and 14, both kept; the latest is then damaged.
-    every = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
-    wait_all(launch(workdir, 1, "--config.num_train_steps=14", *every))
+    shutil.copytree(saved_at_7_and_14, workdir, ignore=shutil.ignore_patterns("*.log"))
+    every = EVERY_7
     latest = workdir / "checkpoints" / "14"
     garbled = None
     if damage == "metadata":
