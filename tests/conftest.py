@@ -10,7 +10,9 @@ directory unless one is set, so tests never write to ~/.cache.
 JAX's persistent compilation cache is on for the session (a fresh temporary
 directory, inherited by every subprocess): the training runs of the suite
 compile the same few steps, and a warm cache halves a run (19.5 s -> 8.8 s
-measured), which keeps the suite inside its CI budget.
+measured), which keeps the suite inside its CI budget. Test subprocesses also
+get `tests/subprocess_site` on PYTHONPATH (`tests/multiprocess.subprocess_env`):
+without it only process 0 of a multi-process run read that cache.
 `make test` runs the suite on 2 pytest-xdist workers, each module whole on
 one worker (`--dist loadfile`), so module fixtures are built once.
 """
