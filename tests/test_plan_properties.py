@@ -110,7 +110,7 @@ def _units(pieces: Pieces, unit: str, sources: int) -> np.ndarray:
 
 # Batches up to 64 rows: a 256-row batch of 7-document blocks of short documents
 # took 22.9 s to walk for 600 steps, and this test took 36 to 244 s across suite runs.
-# 10 fresh examples a run: 25 drawn here walked in 0.4-5.0 s each (1.25 s on average).
+# 10 fresh examples a run: 25 drawn here walked in up to 5.0 s each (1.25 s on average).
 @settings(SETTINGS, max_examples=10)
 @given(plans(steps=600, max_documents=10**5, max_rows=64))
 def test_every_long_stage_serves_its_weights_within_one_point(drawn):
