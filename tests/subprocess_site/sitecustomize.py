@@ -1,9 +1,9 @@
 """Lets every process of a multi-process test run read JAX's compilation cache.
 
-Test subprocesses get this directory on PYTHONPATH (`tests/multiprocess.py`,
-`conftest.py`). JAX writes persistent-cache entries from process 0 only, and
-on CPU it keys them with the topology fingerprint of the local client, which
-differs between processes: every process but the first missed the cache on
+Test subprocesses get this directory on PYTHONPATH
+(`tests/multiprocess.subprocess_env`). JAX writes cache entries from process
+0 only, and on CPU it keys them with the topology fingerprint of the local
+client, which differs between processes: every process but the first missed the cache on
 every run and compiled the train step again (about 12 s of CPU per process
 and launch on 2 cores: a 2-process `tests/train_config.py` run took 41-45 s
 of CPU, 22 s with this hook, its batches and losses bit for bit the same).
