@@ -61,23 +61,3 @@ def memory_gs(request):
             else:
                 _registry[protocol] = previous
         backend.fsspec_backend._get_filesystem.cache_clear()
-
-
-#: The modules that take longest (CPU seconds on 2 cores, fresh clone), run first:
-#: `--dist loadfile` hands whole modules to the 2 workers in collection order, and
-#: one long module started last kept one worker busy alone for minutes.
-LONGEST_FIRST = (
-    "test_documented_commands.py",  # 262 s
-    "test_train_resume.py",  # 252 s
-    "test_shipped_configs.py",  # 124 s
-    "test_plan_properties.py",  # 60-104 s
-    "test_adaptive_mixture.py",  # 92 s
-    "test_online_mixing.py",  # 80 s
-    "test_plan.py",  # 72 s
-    "test_bench.py",  # 72 s
-)
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
