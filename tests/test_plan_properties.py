@@ -153,7 +153,8 @@ def test_a_stage_changes_no_row_before_it_starts(drawn, data):
         assert a.equals(b)
 
 
-@settings(SETTINGS, max_examples=15)
+# 10 fresh examples a run (took 14-42 s across suite runs with 15).
+@settings(SETTINGS, max_examples=10)
 @given(plans(steps=200, max_documents=300, max_rows=64))
 def test_no_piece_is_served_twice_before_its_epoch_is_complete(drawn):
     plan, hosts = drawn
