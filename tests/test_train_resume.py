@@ -47,6 +47,8 @@ from tests.multiprocess import REPO, free_port, subprocess_env
 CONFIG = REPO / "tests" / "train_config.py"
 STEPS = 30
 CHECKPOINT_EVERY = 4
+#: Checkpoints every 7 steps, all kept.
+EVERY_7 = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
 
 
 def launch(workdir: Path, num_processes: int, *flags: str) -> list[subprocess.Popen]:
@@ -166,8 +168,7 @@ def uninterrupted_run(tmp_path_factory):
             workdir.mkdir()
             # Every checkpoint is kept (saves change neither data nor model): the
             # elastic test resumes its step 7 on other process counts.
-            keep = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
-            wait_all(launch(workdir, num_processes, *keep))
+            wait_all(launch(workdir, num_processes, *EVERY_7))
             done[num_processes] = workdir
         return done[num_processes]
 
@@ -337,10 +338,6 @@ def test_orbax_finalize_asking_an_older_step_does_not_move_jaxs_sync_counter(tmp
     manager.close()
 
 
-#: Checkpoints every 7 steps, all kept.
-EVERY_7 = ("--config.checkpoint.every_steps=7", "--config.checkpoint.max_to_keep=None")
-
-
 @pytest.fixture(scope="module")
 def saved_at_7_and_14(tmp_path_factory):
     """A 14-step run saved at 7 and 14 (one launch for every kind of damage)."""
@@ -358,7 +355,6 @@ def test_a_damaged_latest_step_names_restore_step_which_resumes_the_earlier_one(
     workdir = tmp_path / "run"
     # Saves at 7 and 14, both kept; the latest is then damaged.
     shutil.copytree(saved_at_7_and_14, workdir, ignore=shutil.ignore_patterns("*.log"))
-    every = EVERY_7
     latest = workdir / "checkpoints" / "14"
     garbled = None
     if damage == "metadata":
@@ -375,13 +371,13 @@ def test_a_damaged_latest_step_names_restore_step_which_resumes_the_earlier_one(
     else:
         path = latest / "data" / "process_0-of-1.json"
         path.write_text(path.read_text().replace('"cursor": [14', '"cursor": [15'))
-    out = wait_all(launch(workdir, 1, *every), expect=1)
+    out = wait_all(launch(workdir, 1, *EVERY_7), expect=1)
     last = [line for line in out.splitlines() if line.strip()][-1]
     assert last.startswith("error: ") and ("step 14" in last or "/14/" in last), last
     assert "--restore_step=7" in last and "Traceback" not in out, last
     assert garbled is None or str(garbled) in last, last
     # Restoring step 7 sets step 14 aside and trains on exactly the batches of the first run.
-    wait_all(launch(workdir, 1, "--restore_step=7", *every))
+    wait_all(launch(workdir, 1, "--restore_step=7", *EVERY_7))
     assert (workdir / "abandoned_checkpoints").exists()
     assert committed_steps(workdir) == [7, 14, 21, 28, 30]
     resumed = [r for r in records(workdir) if r["step"] > 7][-23:]

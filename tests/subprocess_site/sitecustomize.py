@@ -3,10 +3,11 @@
 Test subprocesses get this directory on PYTHONPATH
 (`tests/multiprocess.subprocess_env`). JAX writes cache entries from process
 0 only, and on CPU it keys them with the topology fingerprint of the local
-client, which differs between processes: every process but the first missed the cache on
-every run and compiled the train step again (about 12 s of CPU per process
-and launch on 2 cores: a 2-process `tests/train_config.py` run took 41-45 s
-of CPU, 22 s with this hook, its batches and losses bit for bit the same).
+client, which differs between processes: every process but the first
+missed the cache on every run and compiled the train step again (about 12 s
+of CPU per process and launch on 2 cores: a 2-process
+`tests/train_config.py` run took 41-45 s of CPU, 22 s with this hook, its
+batches and losses bit for bit the same).
 The hook keys the accelerator part by the devices themselves (kind, id and
 process of each, the same in every process), so the other processes load
 the executable process 0 compiled, as JAX's own
