@@ -354,6 +354,32 @@ def test_prefetcher_thread_stops_when_its_owner_is_dropped():
     assert not prefetcher.thread.is_alive()
 
 
+def test_bundles_count_as_their_steps_towards_the_prefetch_depth():
+    made = []
+
+    def produce() -> list[int]:
+        bundle = [len(made) * 3 + k for k in range(3)]
+        made.append(bundle)
+        return bundle
+
+    prefetcher = BackgroundPrefetcher(produce, depth=4, size=len)
+    try:
+        deadline = time.monotonic() + 10
+        while len(made) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(made) == 2  # 3 steps < 4: one more bundle, then 6 >= 4 waits
+        assert prefetcher.get() == [0, 1, 2]
+        deadline = time.monotonic() + 10
+        while len(made) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(made) == 3  # 3 held again: one more, then 6 again
+        assert [prefetcher.get() for _ in range(2)] == [[3, 4, 5], [6, 7, 8]]
+    finally:
+        prefetcher.stop()
+
+
 def _a_step_of_a_chunk(index: int) -> dict:
     """A step's fields as `PlannedBatchDataset` gives them: rows of a larger block."""
     block = np.full((7, 2 * 24, 512), index, dtype=np.int32)

@@ -1,8 +1,11 @@
 """A bounded background buffer that keeps the next batches ready.
 
 A producer thread calls `produce()` until it raises StopIteration, keeping at
-most `depth` results ahead of the consumer. Errors in the thread are re-raised
-in the consumer at the position where they happened, never swallowed.
+most `depth` results ahead of the consumer. A result may be a bundle that
+counts as several (`size`): a chunk's steps then cross between the threads
+in one hand-over instead of one each (`PlannedDataIterator._produce`).
+Errors in the thread are re-raised in the consumer at the position where
+they happened, never swallowed.
 
 The thread never keeps its owner alive: it shares only a small channel (the
 buffer and its condition) with the `BackgroundPrefetcher`, and holds a bound
@@ -38,9 +41,12 @@ class _Failure:
 class _Channel:
     """What the producer thread and the consumer share (no reference to either)."""
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int, size: Callable[[Any], int]):
         self.depth = depth
+        self.size = size
         self.buffer: collections.deque[Any] = collections.deque()
+        #: What the buffered results count for (`size` of each).
+        self.held = 0
         self.ended = False
         self.stopping = False
         self.cond = threading.Condition()
@@ -49,6 +55,7 @@ class _Channel:
         with self.cond:
             self.stopping = True
             self.buffer.clear()
+            self.held = 0
             self.cond.notify_all()
 
 
@@ -89,9 +96,7 @@ def _run(channel: _Channel, producer: Callable[[], Callable[[], Any] | None]) ->
     try:
         while True:
             with channel.cond:
-                channel.cond.wait_for(
-                    lambda: channel.stopping or len(channel.buffer) < channel.depth
-                )
+                channel.cond.wait_for(lambda: channel.stopping or channel.held < channel.depth)
                 if channel.stopping:
                     return
             produce = producer()
@@ -114,6 +119,8 @@ def _run(channel: _Channel, producer: Callable[[], Callable[[], Any] | None]) ->
                     channel.ended = True
                 else:
                     channel.buffer.append(item)
+                    if not isinstance(item, _Failure):
+                        channel.held += channel.size(item)
                 channel.cond.notify_all()
                 if item is None or isinstance(item, _Failure):
                     return
@@ -135,14 +142,22 @@ class BackgroundPrefetcher(Generic[T]):
       produce: Called repeatedly in the thread; StopIteration ends the stream.
         A bound method is held weakly: once its object is collected, the
         thread stops instead of keeping it alive.
-      depth: Most results buffered ahead of the consumer (>= 1).
+      depth: Most results buffered ahead of the consumer (>= 1); the
+        producer makes the next one while they count for fewer.
       name: Thread name, for debugging.
+      size: What a result counts for (1 each by default; `len` for bundles).
     """
 
-    def __init__(self, produce: Callable[[], T], depth: int, name: str = "xlstm-data-prefetch"):
+    def __init__(
+        self,
+        produce: Callable[[], T],
+        depth: int,
+        name: str = "xlstm-data-prefetch",
+        size: Callable[[T], int] = lambda _: 1,
+    ):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
-        self._channel = _Channel(depth)
+        self._channel = _Channel(depth, size)
         self._thread = threading.Thread(
             target=_run, args=(self._channel, _weak_producer(produce)), name=name, daemon=True
         )
@@ -161,6 +176,8 @@ class BackgroundPrefetcher(Generic[T]):
                     raise RuntimeError("the prefetcher was stopped")
                 raise StopIteration
             item = channel.buffer.popleft()
+            if not isinstance(item, _Failure):
+                channel.held -= channel.size(item)
             channel.cond.notify_all()
         if isinstance(item, _Failure):
             raise item.error
@@ -178,26 +195,6 @@ class BackgroundPrefetcher(Generic[T]):
         if isinstance(item, _Failure):
             raise item.error
         return item
-
-    def wait_filled(self) -> tuple[int, bool]:
-        """Waits until the buffer is full or the stream ended.
-
-        Returns:
-          `(buffered, ended)`: results ready to `get`, and whether the producer
-          has finished (so no result beyond them will come).
-        """
-        channel = self._channel
-        with channel.cond:
-            channel.cond.wait_for(
-                lambda: (
-                    channel.ended
-                    or channel.stopping
-                    or len(channel.buffer) >= channel.depth
-                    or any(isinstance(i, _Failure) for i in channel.buffer)
-                )
-            )
-            failed = any(isinstance(i, _Failure) for i in channel.buffer)
-            return len(channel.buffer), channel.ended or channel.stopping or failed
 
     def stop(self) -> None:
         """Stops the thread after its current `produce()` call and drops the buffer."""
