@@ -26,6 +26,7 @@ the workers are gone (`SlotRing.close`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import mmap
 import os
 import threading
@@ -108,7 +109,7 @@ class SlotWriter:
         aligned array (sent as grain sends any array).
         """
         dtype = np.dtype(dtype)
-        size = int(np.prod(shape)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         opened = self._open() if size <= self._slot_bytes else None
         if opened is None:
             return aligned_empty(shape, dtype)
@@ -239,7 +240,7 @@ class SlotRing:
         ref: SlotRef = element["fields"]
         states, data = self._views[ref.worker]
         dtype = np.dtype(ref.dtype)
-        size = int(np.prod(ref.shape)) * dtype.itemsize
+        size = math.prod(ref.shape) * dtype.itemsize
         block = aligned_copy(data[ref.slot, :size].view(dtype).reshape(ref.shape))
         with _FENCE:  # the copy's reads finish before the worker may write again
             pass

@@ -16,6 +16,7 @@ field, and `fields_of` gives them back by name as views, without a copy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -182,7 +183,7 @@ ALIGNMENT = 64
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an `ALIGNMENT` boundary."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape)) * dtype.itemsize
+    size = math.prod(shape) * dtype.itemsize
     raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
     offset = -raw.ctypes.data % ALIGNMENT
     return raw[offset : offset + size].view(dtype).reshape(shape)
