@@ -173,7 +173,7 @@ def test_train_step_is_deterministic_and_warms_up():
 
 def test_from_config_reads_dicts_and_config_dicts():
     cfg = ModelConfig.from_config({"d_model": 16, "num_heads": 2}, vocab_size=10, max_length=5)
-    assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.vocab_size) == (16, 2, 2, 10)
-    cd = ml_collections.ConfigDict({"num_layers": 1, "mlp_dim": 32})
+    assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.vocab_size) == (16, 2, 1, 10)
+    cd = ml_collections.ConfigDict({"num_layers": 2, "mlp_dim": 32})
     cfg = ModelConfig.from_config(cd, vocab_size=10, max_length=5)
-    assert (cfg.num_layers, cfg.mlp_dim, cfg.d_model) == (1, 32, 32)
+    assert (cfg.num_layers, cfg.mlp_dim, cfg.d_model) == (2, 32, 32)

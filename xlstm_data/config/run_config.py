@@ -39,7 +39,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     # vocab_size None: the data's vocabulary (the largest of its sources'). The
     # reference model only consumes the batches; at 32 wide it trains the demo's
     # 32 x 128-token steps 3-4x faster on 2 CPU cores than at 64 wide.
-    "model": {"vocab_size": None, "d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 128},
+    "model": {"vocab_size": None, "d_model": 32, "num_layers": 1, "num_heads": 2, "mlp_dim": 128},
     "checkpoint": {"every_steps": 50, "every_secs": None, "max_to_keep": 2},
     # every_steps 0: the config's mixture as is; > 0: AdaptiveMixtureHook (README).
     "adaptive_mixture": {
