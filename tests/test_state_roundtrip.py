@@ -28,10 +28,12 @@ def _iterator(mesh, packing: bool, worker_count: int, num_epochs=None, thread=Fa
     )
 
 
+# Workers once, packed: how a restore restarts them does not depend on the
+# packing, and each case with workers took ~28 s of CPU (worker starts).
 @pytest.mark.parametrize(
     "packing,worker_count",
-    [(False, 0), (True, 0), (False, 2), (True, 2), (True, -1)],
-    ids=["padded", "packed", "padded-workers", "packed-workers", "packed-thread-prefetch"],
+    [(False, 0), (True, 0), (True, 2), (True, -1)],
+    ids=["padded", "packed", "packed-workers", "packed-thread-prefetch"],
 )
 def test_restore_at_every_step(packing, worker_count):
     mesh = xd.create_mesh()
