@@ -109,7 +109,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
       worker_buffer_size: Chunks each worker prepares ahead, each
         `CHUNK_ROWS` rows of consecutive steps, at least one step (the
         config's default, 4: see `data_config`'s defaults for the measurement).
-      prefetch: Global batches prepared ahead in a background thread.
+      prefetch: Global batches prepared ahead in a background thread. The
+        thread prepares a chunk's steps at a time (`_produce`), so up to
+        one chunk more may be ready.
       read_threads: Threads reading a batch's documents.
       reset_after_epoch: Restart at step 0 after the last step (eval).
       batch_class: Turns the field dict into a batch: a class with
