@@ -12,7 +12,8 @@ directory, inherited by every subprocess): the training runs of the suite
 compile the same few steps, and a warm cache halves a run (19.5 s -> 8.8 s
 measured), which keeps the suite inside its CI budget. Test subprocesses also
 get `tests/subprocess_site` on PYTHONPATH (`tests/multiprocess.subprocess_env`):
-without it only process 0 of a multi-process run read that cache.
+without it only process 0 of a multi-process run read that cache. XLA's
+CPU compiler runs its fastest passes everywhere (`TEST_XLA_FLAGS`).
 `make test` runs the suite on 2 pytest-xdist workers, each module whole on
 one worker (`--dist loadfile`), so module fixtures are built once.
 """
@@ -20,10 +21,13 @@ one worker (`--dist loadfile`), so module fixtures are built once.
 import os
 import tempfile
 
+from tests.multiprocess import TEST_XLA_FLAGS
+
 os.environ.setdefault("XLSTM_DATA_CACHE_DIR", tempfile.mkdtemp(prefix="xlstm-data-test-cache-"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="xlstm-data-test-jit-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+os.environ["XLA_FLAGS"] = TEST_XLA_FLAGS
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
