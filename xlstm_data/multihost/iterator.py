@@ -22,7 +22,7 @@ import json
 import numbers
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import clu.data
@@ -334,17 +334,18 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """
         pipeline = self._resources.pipeline
         assert pipeline is not None
-        return list(self._steps_of(next(pipeline)))
+        return self._steps_of(next(pipeline))
 
-    def _steps_of(self, chunk: Mapping[str, np.ndarray]) -> Iterator[_Prefetched]:
-        """A chunk's steps, each sent to the devices when it is asked for."""
+    def _steps_of(self, chunk: Mapping[str, np.ndarray]) -> list[_Prefetched]:
+        """A chunk's steps, all sent to the devices, with their positions and counts."""
         counts = chunk_counts(chunk, FIELDS.index(TOKEN_MASK_FIELD))
         cursors = chunk["cursor"].tolist()
         data_steps = chunk["data_step"].tolist()
         device_steps = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())
-        for k, device in enumerate(device_steps):
-            position = {"data_step": data_steps[k] + 1, "cursor": cursors[k]}
-            yield _Prefetched(device, position, counts[k])
+        return [
+            _Prefetched(device, {"data_step": data_steps[k] + 1, "cursor": cursors[k]}, counts[k])
+            for k, device in enumerate(device_steps)
+        ]
 
     # Lifecycle -----------------------------------------------------------------
 
