@@ -13,8 +13,7 @@ JAX or orbax.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from xlstm_data.lazy_names import lazy_names
 
 #: Each exported name and the module that defines it.
 _EXPORTS = {
@@ -32,15 +31,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer_hooks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -395,16 +395,17 @@ def _define_inspect(fv: flags.FlagValues, argv: Sequence[str]) -> None:
 
 
 def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
-    import jax
-
-    from xlstm_data.cli.inspect_config import inspect_config, smallest_device_count
-
     if positional:
         raise UsageError(f"unexpected arguments {positional}; inspect takes only flags")
     if fv.config is None:
         raise UsageError("--config is required: a config .py file with get_config()")
+    config = run_config(fv)  # a bad key is refused before JAX and grain load
+
+    import jax
+
+    from xlstm_data.cli.inspect_config import inspect_config, smallest_device_count
+
     # A CPU-only machine plans the mesh on as many CPU devices as its fixed axes need.
-    config = run_config(fv)
     devices = fv.cpu_devices or smallest_device_count(config)
     with contextlib.suppress(RuntimeError):  # JAX already started: keep its devices
         jax.config.update("jax_num_cpu_devices", devices)

@@ -23,7 +23,7 @@ from xlstm_data.plan.packing import packing_mode
 from xlstm_data.plan.schedule import RampupSchedule, parse_rampup
 from xlstm_data.plan.skips import StepSkips, parse_skip_steps
 from xlstm_data.plan.spec import DEFAULT_BLOCK_DOCUMENTS
-from xlstm_data.sources import expand_files
+from xlstm_data.sources.base import expand_files
 from xlstm_data.sources.prepared_shards import shard_files
 
 #: Options of each source kind: name -> (required, default).

@@ -21,26 +21,46 @@ once, and text/JSONL files are tokenized once per machine with the counts kept
 in the on-disk cache of `xlstm_data.sources.lengths_cache`. ArrayRecord files that
 `xlstm-data prepare` did not write have no lengths: `lengths()` raises naming
 the command, and `has_lengths()` lets a caller ask first.
+
+The names below load on first use (PEP 562), so a light module (the config's
+checks, the command line's parser) can import `xlstm_data.sources.base`
+without loading grain.
 """
 
-from xlstm_data.sources.array_record import ArrayRecordSource, write_array_record
-from xlstm_data.sources.base import TEXT_UNITS, TokenSource, expand_files
-from xlstm_data.sources.flat_tokens import FlatTokenSource
-from xlstm_data.sources.in_memory import InMemorySource, as_token_source
-from xlstm_data.sources.prepared_shards import open_shards
-from xlstm_data.sources.synthetic import SyntheticSource
-from xlstm_data.sources.text_files import TextFileSource
+from __future__ import annotations
 
-__all__ = [
-    "TEXT_UNITS",
-    "ArrayRecordSource",
-    "FlatTokenSource",
-    "InMemorySource",
-    "SyntheticSource",
-    "TextFileSource",
-    "TokenSource",
-    "as_token_source",
-    "expand_files",
-    "open_shards",
-    "write_array_record",
-]
+from typing import TYPE_CHECKING
+
+from xlstm_data.lazy_names import lazy_names
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "TEXT_UNITS": "xlstm_data.sources.base",
+    "ArrayRecordSource": "xlstm_data.sources.array_record",
+    "FlatTokenSource": "xlstm_data.sources.flat_tokens",
+    "InMemorySource": "xlstm_data.sources.in_memory",
+    "SyntheticSource": "xlstm_data.sources.synthetic",
+    "TextFileSource": "xlstm_data.sources.text_files",
+    "TokenSource": "xlstm_data.sources.base",
+    "as_token_source": "xlstm_data.sources.in_memory",
+    "expand_files": "xlstm_data.sources.base",
+    "open_shards": "xlstm_data.sources.prepared_shards",
+    "write_array_record": "xlstm_data.sources.array_record",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from xlstm_data.sources.array_record import ArrayRecordSource as ArrayRecordSource
+    from xlstm_data.sources.array_record import write_array_record as write_array_record
+    from xlstm_data.sources.base import TEXT_UNITS as TEXT_UNITS
+    from xlstm_data.sources.base import TokenSource as TokenSource
+    from xlstm_data.sources.base import expand_files as expand_files
+    from xlstm_data.sources.flat_tokens import FlatTokenSource as FlatTokenSource
+    from xlstm_data.sources.in_memory import InMemorySource as InMemorySource
+    from xlstm_data.sources.in_memory import as_token_source as as_token_source
+    from xlstm_data.sources.prepared_shards import open_shards as open_shards
+    from xlstm_data.sources.synthetic import SyntheticSource as SyntheticSource
+    from xlstm_data.sources.text_files import TextFileSource as TextFileSource
