@@ -54,9 +54,10 @@ def test_the_type_checking_imports_list_the_same_names(package: str) -> None:
     assert seen == expected
 
 
-def test_the_package_and_the_command_line_parser_load_no_jax_or_grain() -> None:
+def test_the_packages_and_the_command_lines_checks_load_no_jax_or_grain() -> None:
     script = (
         "import sys, xlstm_data, xlstm_data.sources, xlstm_data.cli.main, trainer_hooks\n"
+        "import trainer_hooks.early_config_check\n"
         "print(sorted(m for m in ('jax', 'grain', 'orbax', 'flax') if m in sys.modules))"
     )
     result = subprocess.run(

@@ -143,3 +143,35 @@ def test_lengths_edited_after_prepare_are_one_error_line_naming_what_to_rerun(tm
     assert "Traceback" not in result.stderr
     debug = run_train(*flags, "--debug", expect=1, timeout=180)
     assert "Traceback" in debug.stderr and "DataReadError" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "message", "status"),
+    [
+        ("--config.data.wroker_count=2", "error: data has unknown keys ['wroker_count']", 1),
+        ("--config.num_train_step=2", "error: config key num_train_step is unknown", 1),
+        ("--config.chekpoint.every_steps=2", "error: --config: the config has no section", 2),
+        ("--config.data.global_batch_size=abc", "error: flag --config.data.global_batch_size", 2),
+        ("--config.checkpoint.max_to_keep=0", "error: checkpoint.max_to_keep=0 is invalid", 1),
+    ],
+)
+def test_a_bad_config_is_refused_before_the_training_imports(flag, message, status, capsys):
+    """`trainer_hooks.train` checks `--config` first, with the statuses of its full run."""
+    from trainer_hooks.early_config_check import exit_if_config_is_bad
+
+    with pytest.raises(SystemExit) as exited:
+        exit_if_config_is_bad([f"--config={CONFIG}", "--workdir", "/nowhere", flag])
+    assert exited.value.code == status
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(message)
+
+
+def test_a_good_config_other_flags_and_debug_pass_the_early_check(capsys):
+    from trainer_hooks.early_config_check import exit_if_config_is_bad
+
+    # Flags it does not know are left to the full parse, which names a bad one.
+    assert exit_if_config_is_bad([f"--config={CONFIG}", "--cpu_devices=0", "--workdir=x"]) is None
+    assert exit_if_config_is_bad(["--workdir=x"]) is None  # no --config: the full run says so
+    bad = "--config.data.wroker_count=2"
+    assert exit_if_config_is_bad([f"--config={CONFIG}", bad, "--debug"]) is None
+    assert capsys.readouterr().err == ""

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import sys
 
+from trainer_hooks.early_config_check import exit_if_config_is_bad
 from trainer_hooks.launch import define_launch_flags, exit_if_watching
 
-if __name__ == "__main__":
-    exit_if_watching(sys.argv[1:])  # the package imports its own names lazily
+if __name__ == "__main__":  # both read the flags alone (the packages import their names lazily)
+    exit_if_config_is_bad(sys.argv[1:])
+    exit_if_watching(sys.argv[1:])
 
 import logging as std_logging
 import os
@@ -59,7 +61,7 @@ from xlstm_data import (
     create_mesh,
     iterators_from_config,
 )
-from xlstm_data.config.overrides import define_config_file, override_error
+from xlstm_data.config.overrides import define_config_file, flag_error, override_error
 
 _CONFIG = define_config_file(
     "Run config (a configs/*.py file); override keys with --config.KEY=VALUE."
@@ -514,15 +516,6 @@ def parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as error:
         print(f"error: {flag_error(error)}", file=sys.stderr)
         sys.exit(2)
-
-
-def flag_error(error: flags.Error) -> str:
-    """absl's message, with the expected type named for an override of a typed key."""
-    text = str(error).replace("\n", " ").strip()
-    for wrong, expected in (("for int()", "an integer"), ("to float", "a number")):
-        if wrong in text:
-            return f"{text.split(': ')[0]} is invalid; expected {expected} ({text})"
-    return text
 
 
 if __name__ == "__main__":

@@ -94,3 +94,12 @@ def override_error(error: BaseException) -> str:
         f"--config: the config has no section {key!r}{hint} (an override may add a key to a "
         "section, not a new section)"
     )
+
+
+def flag_error(error: flags.Error) -> str:
+    """absl's message, with the expected type named for an override of a typed key."""
+    text = str(error).replace("\n", " ").strip()
+    for wrong, expected in (("for int()", "an integer"), ("to float", "a number")):
+        if wrong in text:
+            return f"{text.split(': ')[0]} is invalid; expected {expected} ({text})"
+    return text
