@@ -13,7 +13,7 @@ JAX or orbax.
 
 from __future__ import annotations
 
-from xlstm_data.lazy_names import lazy_names
+from xlstm_data.lazy_names import lazy_names as _lazy_names
 
 #: Each exported name and the module that defines it.
 _EXPORTS = {
@@ -31,4 +31,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+__getattr__, __dir__ = _lazy_names(__name__, _EXPORTS)

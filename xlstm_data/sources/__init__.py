@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from xlstm_data.lazy_names import lazy_names
+from xlstm_data.lazy_names import lazy_names as _lazy_names
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -49,7 +49,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+__getattr__, __dir__ = _lazy_names(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
