@@ -395,11 +395,14 @@ def _define_inspect(fv: flags.FlagValues, argv: Sequence[str]) -> None:
 
 
 def _inspect(fv: flags.FlagValues, positional: list[str]) -> int:
+    from xlstm_data.config.data_config import validate_data_config
+
     if positional:
         raise UsageError(f"unexpected arguments {positional}; inspect takes only flags")
     if fv.config is None:
         raise UsageError("--config is required: a config .py file with get_config()")
-    config = run_config(fv)  # a bad key is refused before JAX and grain load
+    config = run_config(fv)
+    validate_data_config(config.data)  # a bad key is refused before JAX and grain load
 
     import jax
 
