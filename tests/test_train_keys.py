@@ -153,6 +153,7 @@ def test_lengths_edited_after_prepare_are_one_error_line_naming_what_to_rerun(tm
         ("--config.chekpoint.every_steps=2", "error: --config: the config has no section", 2),
         ("--config.data.global_batch_size=abc", "error: flag --config.data.global_batch_size", 2),
         ("--config.checkpoint.max_to_keep=0", "error: checkpoint.max_to_keep=0 is invalid", 1),
+        ("--config=/nowhere/run.py", "error: --config='/nowhere/run.py' is not a file", 2),
     ],
 )
 def test_a_bad_config_is_refused_before_the_training_imports(flag, message, status, capsys):

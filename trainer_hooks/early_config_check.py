@@ -18,7 +18,12 @@ from absl import flags
 from trainer_hooks.launch import define_launch_flags
 from trainer_hooks.lost_process import in_child
 from xlstm_data.config.data_config import validate_data_config
-from xlstm_data.config.overrides import define_config_file, flag_error, override_error
+from xlstm_data.config.overrides import (
+    config_file_error,
+    define_config_file,
+    flag_error,
+    override_error,
+)
 from xlstm_data.config.run_config import with_defaults
 from xlstm_data.errors import DataConfigError
 
@@ -26,14 +31,18 @@ from xlstm_data.errors import DataConfigError
 def exit_if_config_is_bad(argv: Sequence[str]) -> None:
     """Exits with one `error:` line if `--config` or an override is bad; else returns.
 
-    Only `--config`, its `--config.*` overrides and `--debug` are read; any
-    other flag is left to the full parse, which names a bad one. With
-    `--debug` the config is not checked here, so the run shows where its
-    error is raised. The exit statuses are the full run's: 2 for a flag, 1
-    for a key or value.
+    Only `--config` (also a file that is not there), its `--config.*`
+    overrides and `--debug` are read; any other flag is left to the full
+    parse, which names a bad one. With `--debug` the config's keys and
+    values are not checked here, so the run shows where its error is
+    raised. The exit statuses are the full run's: 2 for a flag, 1 for a key
+    or value.
     """
     if in_child():  # the launched process checked it already
         return
+    missing = config_file_error(argv)
+    if missing:
+        _exit(missing, 2)
     program = sys.argv[0]
     flag_values = flags.FlagValues()
     launch = define_launch_flags(flag_values)

@@ -30,7 +30,7 @@ from typing import Any
 from absl import flags
 
 from xlstm_data.cli.common import UsageError, define_tokenizer_flags, progress_bar
-from xlstm_data.config.overrides import define_config_file, override_error
+from xlstm_data.config.overrides import config_file_error, define_config_file, override_error
 from xlstm_data.errors import DataConfigError, DataReadError
 
 PROG = "xlstm-data"
@@ -105,7 +105,9 @@ def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagV
     fv = flags.FlagValues()
     command.define(fv, argv)
     if "config" in fv:
-        _check_config_file(argv)
+        missing = config_file_error(argv)
+        if missing:
+            raise UsageError(missing)
     try:
         positional = fv([prog, *argv])[1:]
     except flags.UnrecognizedFlagError as error:
@@ -150,25 +152,6 @@ def run_command(command: Command, argv: Sequence[str], prog: str) -> int:
             raise
         print(f"{prog}: error: {error} (--debug shows where)", file=sys.stderr)
         return 2
-
-
-def _flag_value(argv: Sequence[str], name: str) -> str | None:
-    """The value of `--name=V` or `--name V` in argv (last one wins), before any `--`."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            break
-        if arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-        elif arg == f"--{name}" and i + 1 < len(argv):
-            value = argv[i + 1]
-    return value
-
-
-def _check_config_file(argv: Sequence[str]) -> None:
-    path = _flag_value(argv, "config")
-    if path is not None and not os.path.isfile(path.split(":", 1)[0]):
-        raise UsageError(f"--config={path!r} is not a file; pass a config .py with get_config()")
 
 
 # ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ override syntax and what it accepts are the same everywhere:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,3 +104,22 @@ def flag_error(error: flags.Error) -> str:
         if wrong in text:
             return f"{text.split(': ')[0]} is invalid; expected {expected} ({text})"
     return text
+
+
+def config_file_error(argv: Sequence[str]) -> str | None:
+    """The error line for a `--config` in `argv` that names no file, else None.
+
+    Checked before parsing: `config_flags` would raise an `OSError` with a
+    traceback, and only once the config is first read.
+    """
+    path = None
+    for i, arg in enumerate(argv):  # `--config=V` or `--config V`, the last one; not after `--`
+        if arg == "--":
+            break
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+    if path is not None and not os.path.isfile(path.split(":", 1)[0]):
+        return f"--config={path!r} is not a file; pass a config .py with get_config()"
+    return None
