@@ -15,10 +15,7 @@ get `tests/subprocess_site` on PYTHONPATH (`tests/multiprocess.subprocess_env`):
 without it only process 0 of a multi-process run read that cache. XLA's
 CPU compiler runs its fastest passes everywhere (`TEST_XLA_FLAGS`).
 `make test` runs the suite on 2 pytest-xdist workers, each module whole on
-one worker (`--dist loadfile`), so module fixtures are built once. The
-modules are handed out longest first (`LONGEST_MODULES_FIRST`, with
-`--no-loadscope-reorder`): xdist's own order (most tests first) started the
-5-minute `test_train_resume` late, so one worker ran it alone at the end.
+one worker (`--dist loadfile`), so module fixtures are built once.
 """
 
 import os
@@ -37,33 +34,6 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4
-
-#: The modules that take longest on 2 cores (seconds of wall time in one
-#: `make test`, 2026-11-27), longest first; the others follow in name order.
-LONGEST_MODULES_FIRST = (
-    "test_train_resume.py",  # 304 s
-    "test_documented_commands.py",  # 127
-    "test_shipped_configs.py",  # 117
-    "test_make_demo.py",  # 93
-    "test_plan_properties.py",  # 86
-    "test_read_errors.py",  # 85
-    "test_plan.py",  # 82
-    "test_online_mixing.py",  # 80
-    "test_multihost.py",  # 78
-    "test_adaptive_mixture.py",  # 76
-    "test_workers_lifecycle.py",  # 72
-    "test_bench.py",  # 66
-    "test_cli.py",  # 59
-    "test_planned_iterator.py",  # 53
-    "test_factories.py",  # 44
-    "test_readme.py",  # 40
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest modules first, so that 2 workers end together (a stable sort: tests keep order)."""
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(params=["memory", "gcsfs-like"])
