@@ -5,7 +5,9 @@ type or a value out of range was refused only after those imports and JAX's
 start: 2.5-3 s of CPU per process, and in a multi-process run after every
 process had joined. Here it takes ~0.4 s and no process starts. `train`
 checks the same config again, as the library checks whatever a caller
-passes it.
+passes it, so a source's path is listed twice (a prepared directory's
+`index.json`, or a glob): a missing corpus is worth finding before the
+processes join.
 """
 
 from __future__ import annotations
