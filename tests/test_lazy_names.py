@@ -55,9 +55,14 @@ def test_the_type_checking_imports_list_the_same_names(package: str) -> None:
 
 
 def test_the_packages_and_the_command_lines_checks_load_no_jax_or_grain() -> None:
+    """Importing them, and refusing a bad key of a shipped config, loads none of them."""
     script = (
         "import sys, xlstm_data, xlstm_data.sources, xlstm_data.cli.main, trainer_hooks\n"
-        "import trainer_hooks.early_config_check\n"
+        "from trainer_hooks.early_config_check import exit_if_config_is_bad\n"
+        "try:\n"
+        "    exit_if_config_is_bad(['--config=configs/demo.py', '--config.data.wroker_count=2'])\n"
+        "except SystemExit as exited:\n"
+        "    print('exit', exited.code)\n"
         "print(sorted(m for m in ('jax', 'grain', 'orbax', 'flax') if m in sys.modules))"
     )
     result = subprocess.run(
@@ -69,4 +74,5 @@ def test_the_packages_and_the_command_lines_checks_load_no_jax_or_grain() -> Non
         timeout=60,
         check=True,
     )
-    assert result.stdout.strip() == "[]", result.stderr
+    assert result.stdout.split("\n")[:2] == ["exit 1", "[]"], result.stderr
+    assert "data has unknown keys ['wroker_count']" in result.stderr

@@ -167,7 +167,28 @@ def test_a_bad_config_is_refused_before_the_training_imports(flag, message, stat
     assert line.startswith(message)
 
 
-def test_a_good_config_other_flags_and_debug_pass_the_early_check(capsys):
+def test_an_unreadable_corpus_index_is_one_line_before_the_training_imports(tmp_path, capsys):
+    from trainer_hooks.early_config_check import exit_if_config_is_bad
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "index.json").write_text("{not json")
+    config = tmp_path / "run.py"
+    config.write_text(
+        "import ml_collections\n"
+        "def get_config():\n"
+        "    return ml_collections.ConfigDict({'data': {\n"
+        f"        'train': {{'c': {{'kind': 'array_record', 'path': {str(corpus)!r}}}}},\n"
+        "        'global_batch_size': 8, 'max_target_length': 16}})\n"
+    )
+    with pytest.raises(SystemExit) as exited:
+        exit_if_config_is_bad([f"--config={config}"])
+    assert exited.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and "index.json" in line and "(--debug shows where)" in line
+
+
+def test_a_good_config_other_flags_help_and_debug_pass_the_early_check(capsys):
     from trainer_hooks.early_config_check import exit_if_config_is_bad
 
     # Flags it does not know are left to the full parse, which names a bad one.
@@ -175,4 +196,5 @@ def test_a_good_config_other_flags_and_debug_pass_the_early_check(capsys):
     assert exit_if_config_is_bad(["--workdir=x"]) is None  # no --config: the full run says so
     bad = "--config.data.wroker_count=2"
     assert exit_if_config_is_bad([f"--config={CONFIG}", bad, "--debug"]) is None
+    assert exit_if_config_is_bad(["--config=/nowhere/run.py", "--help"]) is None  # help first
     assert capsys.readouterr().err == ""

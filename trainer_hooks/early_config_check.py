@@ -27,20 +27,24 @@ from xlstm_data.config.overrides import (
     override_error,
 )
 from xlstm_data.config.run_config import with_defaults
-from xlstm_data.errors import DataConfigError
+from xlstm_data.errors import DataConfigError, DataReadError
+
+#: absl's help flags: with one, the help is shown, not a config error.
+_HELP = ("-h", "-help", "--help", "--helpshort", "--helpfull", "--helpxml")
 
 
 def exit_if_config_is_bad(argv: Sequence[str]) -> None:
     """Exits with one `error:` line if `--config` or an override is bad; else returns.
 
-    Only `--config` (also a file that is not there), its `--config.*`
-    overrides and `--debug` are read; any other flag is left to the full
-    parse, which names a bad one. With `--debug` the config's keys and
-    values are not checked here, so the run shows where its error is
-    raised. The exit statuses are the full run's: 2 for a flag, 1 for a key
-    or value.
+    Reads `--config` (also a file that is not there), its `--config.*`
+    overrides and the launch flags (`trainer_hooks.launch`), which it
+    refuses as the full parse would; any other flag is left to the full
+    parse, which names a bad one. With `--help` nothing is checked, and with
+    `--debug` the config's keys and values are not, so the run shows where
+    its error is raised. The exit statuses are the full run's: 2 for a flag,
+    1 for a key, a value or an unreadable corpus index.
     """
-    if in_child():  # the launched process checked it already
+    if in_child() or any(arg in _HELP for arg in argv):  # checked already; help first
         return
     missing = config_file_error(argv)
     if missing:
@@ -59,7 +63,7 @@ def exit_if_config_is_bad(argv: Sequence[str]) -> None:
         return
     try:
         validate_data_config(with_defaults(config.value).data)
-    except DataConfigError as error:
+    except (DataConfigError, DataReadError) as error:  # as the full run's `main`
         _exit(f"{error} (--debug shows where)", 1)
 
 

@@ -46,6 +46,7 @@ _EXPORTS = {
     "expand_files": "xlstm_data.sources.base",
     "open_shards": "xlstm_data.sources.prepared_shards",
     "write_array_record": "xlstm_data.sources.array_record",
+    "tokenizers": "xlstm_data.sources.tokenizers",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -53,6 +54,7 @@ __getattr__, __dir__ = _lazy_names(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from xlstm_data.sources import tokenizers as tokenizers
     from xlstm_data.sources.array_record import ArrayRecordSource as ArrayRecordSource
     from xlstm_data.sources.array_record import write_array_record as write_array_record
     from xlstm_data.sources.base import TEXT_UNITS as TEXT_UNITS
