@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from absl import flags
 
@@ -48,25 +49,36 @@ def exit_if_config_is_bad(argv: Sequence[str]) -> None:
         return
     missing = config_file_error(argv)
     if missing:
-        _exit(missing, 2)
+        exit_with_error(missing, 2)
     program = sys.argv[0]
     flag_values = flags.FlagValues()
     launch = define_launch_flags(flag_values)
     config = define_config_file("", flag_values=flag_values, sys_argv=[program, *argv])
-    try:
-        flag_values([program, *argv], known_only=True)
-    except (KeyError, AttributeError) as error:
-        _exit(override_error(error), 2)
-    except flags.Error as error:
-        _exit(flag_error(error), 2)
+    parse_or_exit(flag_values, [program, *argv], known_only=True)
     if config.value is None or launch.is_debug():
         return
     try:
         validate_data_config(with_defaults(config.value).data)
-    except (DataConfigError, DataReadError) as error:  # as the full run's `main`
-        _exit(f"{error} (--debug shows where)", 1)
+    except (DataConfigError, DataReadError) as error:
+        exit_with_error(f"{error} (--debug shows where)", 1)
 
 
-def _exit(message: str, status: int) -> None:
+def parse_or_exit(
+    flag_values: flags.FlagValues, argv: Sequence[str], *, known_only: bool = False
+) -> list[str]:
+    """absl's parse of `argv`; a bad flag or `--config` override exits with one line, status 2.
+
+    The early check and the full parse of `trainer_hooks.train` both parse this way.
+    """
+    try:
+        return flag_values(list(argv), known_only=known_only)
+    except (KeyError, AttributeError) as error:
+        exit_with_error(override_error(error), 2)
+    except flags.Error as error:
+        exit_with_error(flag_error(error), 2)
+
+
+def exit_with_error(message: str, status: int) -> NoReturn:
+    """Prints the one `error:` line of a user's mistake and exits with `status`."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(status)

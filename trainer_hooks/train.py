@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from trainer_hooks.early_config_check import exit_if_config_is_bad
+from trainer_hooks.early_config_check import exit_if_config_is_bad, exit_with_error, parse_or_exit
 from trainer_hooks.launch import define_launch_flags, exit_if_watching
 
 if __name__ == "__main__":  # both read the flags alone (the packages import their names lazily)
@@ -61,7 +61,7 @@ from xlstm_data import (
     create_mesh,
     iterators_from_config,
 )
-from xlstm_data.config.overrides import define_config_file, flag_error, override_error
+from xlstm_data.config.overrides import define_config_file
 
 _CONFIG = define_config_file(
     "Run config (a configs/*.py file); override keys with --config.KEY=VALUE."
@@ -476,8 +476,7 @@ def main(argv: list[str]) -> None:
         # A user's error: its message names the key, file or record and what is valid.
         if debug:
             raise
-        print(f"error: {error} (--debug shows where)", file=sys.stderr)
-        sys.exit(1)
+        exit_with_error(f"{error} (--debug shows where)", 1)
     except Exception as error:
         if in_child() and jax.process_count() > 1 and "Gloo" in str(error):
             # A collective's peer closed its connection: a process was probably lost.
@@ -508,14 +507,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     A value of the wrong type (`--config.data.global_batch_size=abc`, `=12.5`)
     or out of a flag's bounds (`--cpu_devices=0`) raises absl's flag error.
     """
-    try:
-        return flags.FLAGS(argv)
-    except (KeyError, AttributeError) as error:
-        print(f"error: {override_error(error)}", file=sys.stderr)
-        sys.exit(2)
-    except flags.Error as error:
-        print(f"error: {flag_error(error)}", file=sys.stderr)
-        sys.exit(2)
+    return parse_or_exit(flags.FLAGS, argv)
 
 
 if __name__ == "__main__":
