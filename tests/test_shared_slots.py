@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from xlstm_data.multihost import shared_slots
-from xlstm_data.multihost.shared_slots import SlotRef, SlotRing
+from xlstm_data.multihost.shared_slots import LEASE_KEY, SlotRef, SlotRing
 from xlstm_data.multihost.worker_handover import WorkerHandover
 
 SHAPE = (7, 4, 32)
@@ -72,6 +72,34 @@ def test_a_worker_waits_for_its_next_slot_until_the_main_process_frees_it(as_wor
         assert not waiting.is_alive()
         assert (ring.take(held[1])["fields"] == 2).all()
         assert (ring.take(third[0])["fields"] == 3).all()
+    finally:
+        ring.close()
+
+
+def test_a_leased_slot_is_read_in_place_and_reused_only_after_its_release(as_worker_1):
+    ring = SlotRing(workers=2, slots=2, slot_bytes=7 * 4 * 32 * 4)
+    writer = ring.writer
+    try:
+        first = ring.lease(_element(writer, 1))
+        lease = first.pop(LEASE_KEY)
+        second = ring.lease(_element(writer, 2))
+        # The slot itself, not a copy: the worker's writes show through.
+        assert first["fields"].ctypes.data == ring._views[1][1][0].ctypes.data  # slot 0 of worker 1
+        assert (first["fields"] == 1).all() and first["fields"].ctypes.data % 64 == 0
+        third: list[dict] = []
+        waiting = threading.Thread(target=lambda: third.append(_element(writer, 3)))
+        waiting.start()
+        time.sleep(0.2)
+        assert waiting.is_alive() and (first["fields"] == 1).all()  # slot 0 is still leased
+        lease.release()
+        lease.release()  # twice is harmless
+        waiting.join(5)
+        assert not waiting.is_alive()
+        assert (first["fields"] == 3).all()  # reused: a released slot must not be read again
+        second.pop(LEASE_KEY).release()
+        assert (ring.take(third[0])["fields"] == 3).all()
+        plain = {"fields": np.zeros(SHAPE, np.int32)}  # not from a slot: unchanged, no lease
+        assert ring.lease(plain) is plain
     finally:
         ring.close()
 
