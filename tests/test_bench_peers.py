@@ -113,13 +113,21 @@ def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
     assert set(result["missing"]) == {"megatron", "olmo", "streaming"}
     assert "make bench-peers" in result["missing"]["megatron"]
     rates = result["groups"]["w0"]["figures"]["tokens_per_sec"]
-    assert set(rates) == {"ours_best_fit", "ours_concat", "ours_best_fit_w1", "ours_best_fit_host"}
+    assert set(rates) == {
+        "ours_best_fit",
+        "ours_concat",
+        "ours_best_fit_w1",
+        "ours_best_fit_one_thread",
+        "ours_best_fit_host",
+    }
     assert all(stats["median"] > 0 for stats in rates.values())
     # Cold start: JAX's backend start is timed apart from build -> first batch.
     (cold,) = result["groups"]["cold_start"]["figures"].values()
     assert cold["runtime_secs"]["ours"]["median"] > 0
     assert cold["first_batch_secs"]["ours"]["median"] >= cold["build_secs"]["ours"]["median"] > 0
     assert result["failures"] == []
+    # The one-thread bound on target 6 is a ratio without a target of its own.
+    assert result["ratios"]["w0 ours_best_fit_one_thread/ours_best_fit_host"]["median"] > 0
     # Only target 6 (ours against ours) has no peer to miss.
     assert {t["metric"] for t in result["targets"]} == {
         "w0 ours_best_fit/ours_best_fit_host",

@@ -440,6 +440,23 @@ def throughput_subjects(
                 },
             )
         )
+        # The bound on target 6 here: the iterator's chunks and their device
+        # arrays made in the calling thread (no prefetch thread, no GIL shared).
+        subjects.append(
+            Subject(
+                "ours_best_fit_one_thread",
+                "ours",
+                {
+                    "task": "throughput",
+                    "sources": sources,
+                    "packing": "best_fit",
+                    "path": "one_thread",
+                    "workers": workers,
+                    **timing,
+                    **shape,
+                },
+            )
+        )
         subjects.append(
             Subject(
                 "ours_best_fit_host",
@@ -652,7 +669,7 @@ def measure(
                     ratios[f"cpu ours_{packing}/megatron"] = _ratio(
                         results, f"ours_{packing}", "megatron", "cpu_secs_per_mtoken"
                     )
-                for whole in ("ours_best_fit", "ours_best_fit_w1"):
+                for whole in ("ours_best_fit", "ours_best_fit_w1", "ours_best_fit_one_thread"):
                     ratios[f"{whole}/ours_best_fit_host"] = _ratio(
                         results, whole, "ours_best_fit_host"
                     )

@@ -7,7 +7,8 @@ CPU device, as a training loop gets them; tokens from the iterator's own
 `data_counters`). `path="host"` times the host pipeline inside that iterator
 instead (numpy batches before the device copy; tokens from each
 element's `source_tokens`, the count the iterator's counters add up), to
-show what the copy and the prefetch thread cost.
+show what the copy and the prefetch thread cost; `path="one_thread"` the
+iterator's chunks and device arrays made in the calling thread.
 
     python -m bench.peers.run_ours TASK_JSON
 """
@@ -69,6 +70,20 @@ def _iterator_batches(train: Any):
         yield train.data_counters.tokens - before
 
 
+def _one_thread_batches(train: Any):
+    """The iterator's chunks of steps and their device arrays, made in this thread.
+
+    No prefetch thread: what the whole iterator could reach if its two
+    threads cost nothing (the bound on target 6 on this machine).
+    """
+    import jax
+
+    while True:
+        for step in train._produce():
+            jax.block_until_ready(step.device)
+            yield step.counts.tokens
+
+
 def _host_batches(train: Any):
     for element in train.host_batches():  # the host pipeline itself, in this process
         yield int(element["source_tokens"].sum())
@@ -77,7 +92,8 @@ def _host_batches(train: Any):
 def throughput(task: dict[str, Any]) -> dict[str, Any]:
     train = build(task)
     try:
-        batches = _host_batches(train) if task.get("path") == "host" else _iterator_batches(train)
+        paths = {"host": _host_batches, "one_thread": _one_thread_batches}
+        batches = paths.get(task.get("path"), _iterator_batches)(train)
         profile = task.get("profile")
         if profile:
             import cProfile
