@@ -19,6 +19,7 @@ import pytest
 from xlstm_data.multihost import shared_slots
 from xlstm_data.multihost.shared_slots import LEASE_KEY, SlotRef, SlotRing
 from xlstm_data.multihost.worker_handover import WorkerHandover
+from xlstm_data.reading.row_assembly import aligned_copy
 
 SHAPE = (7, 4, 32)
 
@@ -36,6 +37,16 @@ def _element(writer, value: int) -> dict:
     return {"fields": writer.ref(block), "rows": np.array([4])}
 
 
+def _take(ring: SlotRing, element: dict) -> dict:
+    """`element` with its slot copied out and freed at once."""
+    leased = ring.lease(element)
+    lease = leased.pop(LEASE_KEY, None)
+    if lease is not None:
+        leased["fields"] = aligned_copy(leased["fields"])
+        lease.release()
+    return leased
+
+
 def _segment_exists(name: str) -> bool:
     return os.path.exists(f"/dev/shm/{name}")
 
@@ -48,7 +59,7 @@ def test_a_chunk_goes_through_a_slot_and_comes_back_equal(as_worker_1):
             element = _element(writer, value)
             ref = element["fields"]
             assert isinstance(ref, SlotRef) and (ref.worker, ref.slot) == (1, value % 3)
-            got = ring.take(element)
+            got = _take(ring, element)
             assert type(got["fields"]) is np.ndarray and got["fields"].shape == SHAPE
             assert (got["fields"] == value).all()
             assert got["fields"].ctypes.data % 64 == 0  # a CPU device uses it in place
@@ -67,11 +78,11 @@ def test_a_worker_waits_for_its_next_slot_until_the_main_process_frees_it(as_wor
         waiting.start()
         time.sleep(0.2)
         assert waiting.is_alive() and not third  # slot 0 still holds a chunk not yet read
-        assert (ring.take(held[0])["fields"] == 1).all()
+        assert (_take(ring, held[0])["fields"] == 1).all()
         waiting.join(5)
         assert not waiting.is_alive()
-        assert (ring.take(held[1])["fields"] == 2).all()
-        assert (ring.take(third[0])["fields"] == 3).all()
+        assert (_take(ring, held[1])["fields"] == 2).all()
+        assert (_take(ring, third[0])["fields"] == 3).all()
     finally:
         ring.close()
 
@@ -97,7 +108,7 @@ def test_a_leased_slot_is_read_in_place_and_reused_only_after_its_release(as_wor
         assert not waiting.is_alive()
         assert (first["fields"] == 3).all()  # reused: a released slot must not be read again
         second.pop(LEASE_KEY).release()
-        assert (ring.take(third[0])["fields"] == 3).all()
+        assert (_take(ring, third[0])["fields"] == 3).all()
         plain = {"fields": np.zeros(SHAPE, np.int32)}  # not from a slot: unchanged, no lease
         assert ring.lease(plain) is plain
     finally:
@@ -119,7 +130,7 @@ def test_close_releases_a_waiting_worker_and_unlinks_the_segments(as_worker_1):
     assert not any(_segment_exists(name) for name in names)
     ring.close()  # twice is harmless
     with pytest.raises(RuntimeError, match="already closed"):
-        ring.take({"fields": SlotRef(1, 0, SHAPE, "<i4")})
+        _take(ring, {"fields": SlotRef(1, 0, SHAPE, "<i4")})
 
 
 def test_outside_a_worker_or_larger_than_a_slot_blocks_are_ordinary_arrays(as_worker_1):
@@ -127,7 +138,7 @@ def test_outside_a_worker_or_larger_than_a_slot_blocks_are_ordinary_arrays(as_wo
     try:
         element = _element(ring.writer, 5)  # 3,584 bytes: more than a slot
         assert type(element["fields"]) is np.ndarray
-        assert ring.take(element) is element
+        assert _take(ring, element) is element
         shared_slots.enter_worker(None)
         plain = _element(pickle.loads(pickle.dumps(ring.writer)), 6)
         assert type(plain["fields"]) is np.ndarray and (plain["fields"] == 6).all()

@@ -276,12 +276,12 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         A worker's chunks in flight: the one it assembles, its queue
         (`worker_buffer_size`), the one grain's reader thread here holds, that
         thread's buffer (`worker_buffer_size` again), the one being sent to
-        the devices and the one sent before it (`_steps_of`). At most `SLOT_BYTES_PER_WORKER` per worker (but never fewer than
-        2 slots), and at most half of the free shared memory
-        (`slots_that_fit`): with fewer slots than that a worker waits for the
-        oldest to be read. None where not even 2 fit (a small `/dev/shm`):
-        grain then sends each chunk through a new segment, as it sends any
-        array, 2-3 ms a chunk slower.
+        the devices and the one sent before it (`_steps_of`). At most
+        `SLOT_BYTES_PER_WORKER` per worker (but never fewer than 2 slots),
+        and at most half of the free shared memory (`slots_that_fit`): with
+        fewer slots than that a worker waits for the oldest to be read. None
+        where not even 2 fit (a small `/dev/shm`): grain then sends each chunk
+        through a new segment, as it sends any array, 2-3 ms a chunk slower.
         """
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4

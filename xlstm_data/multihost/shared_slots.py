@@ -14,9 +14,8 @@ the worker reserves once, when it maps the segment, and then reuses. grain
 has no public way to send into memory the worker already holds, hence this
 module. A worker assembles a chunk straight into its next free slot
 (`SlotWriter.empty`) and sends a `SlotRef` in its place (`SlotWriter.ref`),
-a few bytes through grain's pipe; the main process copies the slot out on
-arrival and marks it free (`SlotRing.take`), or reads it in place and frees
-it when done (`SlotRing.lease`). A worker whose next slot is
+a few bytes through grain's pipe; the main process reads the slot in place
+and frees it when done with it (`SlotRing.lease`). A worker whose next slot is
 still full waits for it, so a slot is never written while the main process
 reads it. A pipeline being closed first releases any waiting
 worker (`SlotRing.release_waiting`: it must get back to grain's stop
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from xlstm_data.reading.row_assembly import ALIGNMENT, aligned_copy, aligned_empty
+from xlstm_data.reading.row_assembly import ALIGNMENT, aligned_empty
 
 #: Bytes before the first slot: the closed flag, then one state per slot.
 _HEADER_INTS = ALIGNMENT // 4
@@ -233,7 +232,7 @@ def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
 
 
 class SlotRing:
-    """The main process's side: owns the segments and copies slots out.
+    """The main process's side: owns the segments and hands their slots over.
 
     Args:
       workers: Worker processes of the pipeline, a segment each.
@@ -257,24 +256,14 @@ class SlotRing:
         self.writer = SlotWriter(tuple(s.name for s in self._segments), slots, self._slot_bytes)
         self._closed = False
 
-    def take(self, element: Any) -> Any:
-        """`element` with its `SlotRef` (`"fields"`) replaced by a copy, the slot freed."""
-        leased = self.lease(element)
-        lease = leased.pop(LEASE_KEY, None) if isinstance(leased, dict) else None
-        if lease is None:
-            return leased
-        leased["fields"] = aligned_copy(leased["fields"])
-        lease.release()
-        return leased
-
     def lease(self, element: Any) -> Any:
         """`element` with its `SlotRef` replaced by the slot itself and a `SlotLease` added.
 
         No copy: the caller reads the slot in place and then releases the
-        lease (`element[LEASE_KEY]`), which frees the slot for the worker. The
-        copy `take` makes cost the main process 23-25 us per step of 8 x 1024
-        rows (bench/peers corpus), about a tenth of its work per step with
-        one worker.
+        lease (`element[LEASE_KEY]`), which frees the slot for the worker. A
+        copy out on arrival, freeing the slot at once, cost the main process
+        23-25 us per step of 8 x 1024 rows (bench/peers corpus), about a
+        tenth of its work per step with one worker.
         """
         if not isinstance(element, dict) or not isinstance(element.get("fields"), SlotRef):
             return element
