@@ -9,7 +9,6 @@ import pytest
 import xlstm_data as xd
 from tests.multiprocess import run_processes
 from xlstm_data.errors import DataConfigError
-from xlstm_data.multihost import global_arrays
 
 
 def _mesh():
@@ -86,29 +85,6 @@ def test_the_factory_returns_the_config_path_iterator_type():
 
 def test_worker_count_never_changes_the_data():
     _same(_take(_iterator(worker_count=0), 6), _take(_iterator(worker_count=2), 6))
-
-
-@pytest.mark.parametrize("pytree_steps", [0, 10**6])
-def test_batches_read_from_a_workers_slots_stay_intact_while_later_chunks_reuse_them(
-    monkeypatch, pytree_steps
-):
-    # One worker with 2 slots' worth of buffer: a chunk's slot is reused a few
-    # steps later. With pytree_steps=0 every worker chunk is picked from its
-    # slot in place; with more steps than the epoch, each step is sent as a
-    # pytree (which may view its block), so the slot is copied out first.
-    # Every batch is held, not copied, until the epoch is read.
-    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", pytree_steps)
-    reference = _take(_iterator(num_epochs=1, worker_count=0), 40)
-    iterator = _iterator(num_epochs=1, worker_count=1)
-    try:
-        held = [next(iterator) for _ in range(40)]
-        got = [
-            {k: np.asarray(v) for k, v in batch.items() if k != xd.SOURCE_ID_FIELD}
-            for batch in held
-        ]
-    finally:
-        iterator.close()
-    _same(reference, got)
 
 
 def test_a_grain_map_dataset_and_a_plain_list_give_the_same_batches():

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 from xlstm_data.multihost import shared_slots
-from xlstm_data.multihost.shared_slots import LEASE_KEY, SlotRef, SlotRing
+from xlstm_data.multihost.shared_slots import SlotRef, SlotRing
 from xlstm_data.multihost.worker_handover import WorkerHandover
-from xlstm_data.reading.row_assembly import aligned_copy
 
 SHAPE = (7, 4, 32)
 
@@ -37,16 +36,6 @@ def _element(writer, value: int) -> dict:
     return {"fields": writer.ref(block), "rows": np.array([4])}
 
 
-def _take(ring: SlotRing, element: dict) -> dict:
-    """`element` with its slot copied out and freed at once."""
-    leased = ring.lease(element)
-    lease = leased.pop(LEASE_KEY, None)
-    if lease is not None:
-        leased["fields"] = aligned_copy(leased["fields"])
-        lease.release()
-    return leased
-
-
 def _segment_exists(name: str) -> bool:
     return os.path.exists(f"/dev/shm/{name}")
 
@@ -59,7 +48,7 @@ def test_a_chunk_goes_through_a_slot_and_comes_back_equal(as_worker_1):
             element = _element(writer, value)
             ref = element["fields"]
             assert isinstance(ref, SlotRef) and (ref.worker, ref.slot) == (1, value % 3)
-            got = _take(ring, element)
+            got = ring.take(element)
             assert type(got["fields"]) is np.ndarray and got["fields"].shape == SHAPE
             assert (got["fields"] == value).all()
             assert got["fields"].ctypes.data % 64 == 0  # a CPU device uses it in place
@@ -78,39 +67,11 @@ def test_a_worker_waits_for_its_next_slot_until_the_main_process_frees_it(as_wor
         waiting.start()
         time.sleep(0.2)
         assert waiting.is_alive() and not third  # slot 0 still holds a chunk not yet read
-        assert (_take(ring, held[0])["fields"] == 1).all()
+        assert (ring.take(held[0])["fields"] == 1).all()
         waiting.join(5)
         assert not waiting.is_alive()
-        assert (_take(ring, held[1])["fields"] == 2).all()
-        assert (_take(ring, third[0])["fields"] == 3).all()
-    finally:
-        ring.close()
-
-
-def test_a_leased_slot_is_read_in_place_and_reused_only_after_its_release(as_worker_1):
-    ring = SlotRing(workers=2, slots=2, slot_bytes=7 * 4 * 32 * 4)
-    writer = ring.writer
-    try:
-        first = ring.lease(_element(writer, 1))
-        lease = first.pop(LEASE_KEY)
-        second = ring.lease(_element(writer, 2))
-        # The slot itself, not a copy: the worker's writes show through.
-        assert first["fields"].ctypes.data == ring._views[1][1][0].ctypes.data  # slot 0 of worker 1
-        assert (first["fields"] == 1).all() and first["fields"].ctypes.data % 64 == 0
-        third: list[dict] = []
-        waiting = threading.Thread(target=lambda: third.append(_element(writer, 3)))
-        waiting.start()
-        time.sleep(0.2)
-        assert waiting.is_alive() and (first["fields"] == 1).all()  # slot 0 is still leased
-        lease.release()
-        lease.release()  # twice is harmless
-        waiting.join(5)
-        assert not waiting.is_alive()
-        assert (first["fields"] == 3).all()  # reused: a released slot must not be read again
-        second.pop(LEASE_KEY).release()
-        assert (_take(ring, third[0])["fields"] == 3).all()
-        plain = {"fields": np.zeros(SHAPE, np.int32)}  # not from a slot: unchanged, no lease
-        assert ring.lease(plain) is plain
+        assert (ring.take(held[1])["fields"] == 2).all()
+        assert (ring.take(third[0])["fields"] == 3).all()
     finally:
         ring.close()
 
@@ -130,7 +91,7 @@ def test_close_releases_a_waiting_worker_and_unlinks_the_segments(as_worker_1):
     assert not any(_segment_exists(name) for name in names)
     ring.close()  # twice is harmless
     with pytest.raises(RuntimeError, match="already closed"):
-        _take(ring, {"fields": SlotRef(1, 0, SHAPE, "<i4")})
+        ring.take({"fields": SlotRef(1, 0, SHAPE, "<i4")})
 
 
 def test_outside_a_worker_or_larger_than_a_slot_blocks_are_ordinary_arrays(as_worker_1):
@@ -138,7 +99,7 @@ def test_outside_a_worker_or_larger_than_a_slot_blocks_are_ordinary_arrays(as_wo
     try:
         element = _element(ring.writer, 5)  # 3,584 bytes: more than a slot
         assert type(element["fields"]) is np.ndarray
-        assert _take(ring, element) is element
+        assert ring.take(element) is element
         shared_slots.enter_worker(None)
         plain = _element(pickle.loads(pickle.dumps(ring.writer)), 6)
         assert type(plain["fields"]) is np.ndarray and (plain["fields"] == 6).all()

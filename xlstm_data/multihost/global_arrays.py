@@ -86,8 +86,7 @@ class ChunkTransfer:
         self._host_count = host_count
         self._per_chunk = steps_per_chunk
         self._chunk_sharding = _chunk_sharding(sharding)
-        #: Whether picks take the host chunk itself (one process, CPU devices).
-        self.reads_host_chunks = picks_read_host_chunks(sharding)
+        self._in_place = picks_read_host_chunks(sharding)
         #: Step indices on the devices (the same on every process), made at the first pick.
         self._indices: list[jax.Array] = []
         self._sent = 0
@@ -111,14 +110,6 @@ class ChunkTransfer:
             self._sent += count
             start += count * run_rows
 
-    def picks_every_step(self, rows: Sequence[int]) -> bool:
-        """Whether `steps(block, rows)` picks every step (no step's array then views `block`).
-
-        A step sent as a pytree may view `block` on a CPU device; a picked
-        step's arrays are new buffers of the pick.
-        """
-        return len(rows) == self._per_chunk and len(set(rows)) == 1 and self._sent >= PYTREE_STEPS
-
     def _picked(self, run: np.ndarray, count: int) -> Iterator[dict[str, jax.Array]]:
         """The steps of `run` (`[fields, count * rows, L]`), sent once and picked one by one."""
         local = run.reshape(run.shape[0], count, -1, *run.shape[2:])
@@ -128,7 +119,7 @@ class ChunkTransfer:
         if pick is None:
             pick = _PICKS[key] = _compiled_pick(*key)
         chunk = local
-        if not self.reads_host_chunks:
+        if not self._in_place:
             chunk = jax.make_array_from_process_local_data(self._chunk_sharding, local, shape)
         if not self._indices:
             replicated = _replicated(self._sharding)

@@ -52,13 +52,7 @@ from xlstm_data.multihost.plan_state import (
 )
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
-from xlstm_data.multihost.shared_slots import (
-    LEASE_KEY,
-    SHM_DIR,
-    SlotLease,
-    SlotRing,
-    slots_that_fit,
-)
+from xlstm_data.multihost.shared_slots import SHM_DIR, SlotRing, slots_that_fit
 from xlstm_data.multihost.worker_handover import WorkerHandover
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan
@@ -77,7 +71,7 @@ from xlstm_data.reading.planned_batches import (
     PlannedBatchDataset,
     PlannedChunkDataset,
 )
-from xlstm_data.reading.row_assembly import FIELDS, aligned_copy
+from xlstm_data.reading.row_assembly import FIELDS
 from xlstm_data.sources.identity import dataset_files, dataset_identities
 from xlstm_data.sources.lengths_cache import tokenizer_identity
 
@@ -262,7 +256,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             later = PlannedChunkDataset(self._planned(later_step, cursor, blocks), per_chunk)
             workers = prefetch_in_workers(later.to_iter_dataset(read), options)
             if ring is not None:
-                workers = workers.map(ring.lease)  # sent from the slot itself (`_steps_of`)
+                workers = workers.map(ring.take)
             in_process = iter(chunks[:handover].to_iter_dataset(read))
         except BaseException:  # refused (a script without the main guard): nothing is left
             if ring is not None:
@@ -275,17 +269,17 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
         A worker's chunks in flight: the one it assembles, its queue
         (`worker_buffer_size`), the one grain's reader thread here holds, that
-        thread's buffer (`worker_buffer_size` again), the one being sent to
-        the devices and the one sent before it (`_steps_of`). At most
-        `SLOT_BYTES_PER_WORKER` per worker (but never fewer than 2 slots),
-        and at most half of the free shared memory (`slots_that_fit`): with
-        fewer slots than that a worker waits for the oldest to be read. None
-        where not even 2 fit (a small `/dev/shm`): grain then sends each chunk
-        through a new segment, as it sends any array, 2-3 ms a chunk slower.
+        thread's buffer (`worker_buffer_size` again) and the one being copied
+        out. At most `SLOT_BYTES_PER_WORKER` per worker (but never fewer than
+        2 slots), and at most half of the free shared memory
+        (`slots_that_fit`): with fewer slots than that a worker waits for the
+        oldest to be read. None where not even 2 fit (a small `/dev/shm`):
+        grain then sends each chunk through a new segment, as it sends any
+        array, 2-3 ms a chunk slower.
         """
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
-        in_flight = 2 * self._worker_buffer_size + 4
+        in_flight = 2 * self._worker_buffer_size + 3
         wanted = max(2, min(in_flight, SLOT_BYTES_PER_WORKER // block_bytes))
         slots = slots_that_fit(self.worker_count, wanted, block_bytes)
         if not slots:
@@ -309,9 +303,6 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         step = 0 if state is None else int(state["step"])
         cursor = None if state is None else Cursor.from_list(state["cursor"])
         self._resources.replace_pipeline(self._pipeline(step, cursor))
-        #: The slot of the chunk sent last, and its steps (`_steps_of`); the
-        #: slots of a replaced pipeline need no freeing (its ring is closed).
-        self._leased: tuple[SlotLease, list[dict[str, jax.Array]]] | None = None
         #: Steps taken from the prefetch thread, not yet handed out (it is stopped).
         self._ready: collections.deque[_Prefetched] = collections.deque()
         self.step_counter = step
@@ -346,40 +337,15 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         return self._steps_of(next(pipeline))
 
     def _steps_of(self, chunk: Mapping[str, np.ndarray]) -> list[_Prefetched]:
-        """A chunk's steps, all sent to the devices, with their positions and counts.
-
-        A chunk in a worker's shared-memory slot (`SlotRing.lease`) is sent
-        from the slot itself, without the copy out, and its slot is freed
-        when the next chunk is sent, once its picks are done (they read the
-        slot on a CPU device, and the transfer before them read it on any
-        other); by then they are. A chunk with a step sent as a pytree,
-        which may view its block, is copied out of the slot first.
-        """
-        block = chunk["fields"]
-        rows = chunk["rows"].tolist()
-        lease: SlotLease | None = chunk.get(LEASE_KEY)
-        if lease is not None and not self._transfer.picks_every_step(rows):
-            block = aligned_copy(block)
-            lease.release()
-            lease = None
+        """A chunk's steps, all sent to the devices, with their positions and counts."""
         counts = chunk_counts(chunk, FIELDS.index(TOKEN_MASK_FIELD))
         cursors = chunk["cursor"].tolist()
         data_steps = chunk["data_step"].tolist()
-        device_steps = list(self._transfer.steps(block, rows))
-        self._free_leased_slot()
-        if lease is not None:
-            self._leased = (lease, device_steps)
+        device_steps = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())
         return [
             _Prefetched(device, {"data_step": data_steps[k] + 1, "cursor": cursors[k]}, counts[k])
             for k, device in enumerate(device_steps)
         ]
-
-    def _free_leased_slot(self) -> None:
-        """Frees the slot of the chunk sent last, once its steps' arrays are ready."""
-        leased, self._leased = self._leased, None
-        if leased is not None:
-            jax.block_until_ready(leased[1])
-            leased[0].release()
 
     # Lifecycle -----------------------------------------------------------------
 

@@ -14,8 +14,8 @@ the worker reserves once, when it maps the segment, and then reuses. grain
 has no public way to send into memory the worker already holds, hence this
 module. A worker assembles a chunk straight into its next free slot
 (`SlotWriter.empty`) and sends a `SlotRef` in its place (`SlotWriter.ref`),
-a few bytes through grain's pipe; the main process reads the slot in place
-and frees it when done with it (`SlotRing.lease`). A worker whose next slot is
+a few bytes through grain's pipe; the main process copies the slot out on
+arrival and marks it free (`SlotRing.take`). A worker whose next slot is
 still full waits for it, so a slot is never written while the main process
 reads it. A pipeline being closed first releases any waiting
 worker (`SlotRing.release_waiting`: it must get back to grain's stop
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from xlstm_data.reading.row_assembly import ALIGNMENT, aligned_empty
+from xlstm_data.reading.row_assembly import ALIGNMENT, aligned_copy, aligned_empty
 
 #: Bytes before the first slot: the closed flag, then one state per slot.
 _HEADER_INTS = ALIGNMENT // 4
@@ -58,31 +58,6 @@ def enter_worker(worker_index: int | None) -> None:
     """Tells this worker process which of the ring's segments is its own."""
     global _worker_index
     _worker_index = worker_index
-
-
-#: The key of a leased element's `SlotLease` (`SlotRing.lease`).
-LEASE_KEY = "slot_lease"
-
-
-class SlotLease:
-    """A slot the main process reads in place; `release()` frees it for its worker.
-
-    Nothing may read the slot's array after `release()`: the worker may be
-    writing its next chunk there. Releasing twice is harmless.
-    """
-
-    def __init__(self, states: np.ndarray, slot: int):
-        self._states: np.ndarray | None = states
-        self._slot = slot
-
-    def release(self) -> None:
-        states, self._states = self._states, None
-        if states is None:
-            return
-        with _FENCE:  # the reads of the slot finish before the worker may write again
-            pass
-        with _FENCE:
-            states[_HEADER_INTS + self._slot] = _FREE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +207,7 @@ def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
 
 
 class SlotRing:
-    """The main process's side: owns the segments and hands their slots over.
+    """The main process's side: owns the segments and copies slots out.
 
     Args:
       workers: Worker processes of the pipeline, a segment each.
@@ -256,15 +231,8 @@ class SlotRing:
         self.writer = SlotWriter(tuple(s.name for s in self._segments), slots, self._slot_bytes)
         self._closed = False
 
-    def lease(self, element: Any) -> Any:
-        """`element` with its `SlotRef` replaced by the slot itself and a `SlotLease` added.
-
-        No copy: the caller reads the slot in place and then releases the
-        lease (`element[LEASE_KEY]`), which frees the slot for the worker. A
-        copy out on arrival, freeing the slot at once, cost the main process
-        23-25 us per step of 8 x 1024 rows (bench/peers corpus), about a
-        tenth of its work per step with one worker.
-        """
+    def take(self, element: Any) -> Any:
+        """`element` with its `SlotRef` (`"fields"`) replaced by a copy, the slot freed."""
         if not isinstance(element, dict) or not isinstance(element.get("fields"), SlotRef):
             return element
         if self._closed:
@@ -273,8 +241,12 @@ class SlotRing:
         states, data = self._views[ref.worker]
         dtype = np.dtype(ref.dtype)
         size = math.prod(ref.shape) * dtype.itemsize
-        block = data[ref.slot, :size].view(dtype).reshape(ref.shape)
-        return {**element, "fields": block, LEASE_KEY: SlotLease(states, ref.slot)}
+        block = aligned_copy(data[ref.slot, :size].view(dtype).reshape(ref.shape))
+        with _FENCE:  # the copy's reads finish before the worker may write again
+            pass
+        with _FENCE:
+            states[_HEADER_INTS + ref.slot] = _FREE
+        return {**element, "fields": block}
 
     def release_waiting(self) -> None:
         """Lets every worker write without waiting (its chunks will not be read)."""
