@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 DEMO_DIR ?= $(CURDIR)/demo_workdir
 DEMO_RUN = $(BIN)/python -m trainer_hooks.train --config=configs/demo.py --workdir=$(DEMO_DIR) --cpu_devices=2
