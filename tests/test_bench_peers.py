@@ -94,6 +94,45 @@ def test_targets_and_summary_rows():
     assert rows[-1][0] == "olmo: missing"
 
 
+def test_the_10e8_cold_start_runs_ours_alone_against_absolute_bounds(tmp_path, monkeypatch):
+    settings = harness.Settings.create(cold_100m=True)
+    assert settings.cold_sizes[-1] == harness.OURS_ONLY_COLD == 10**8
+    assert settings.cold_spec(10**8).mean_length == harness.SHORT_MEAN_LENGTH
+    assert settings.cold_spec(10**6).mean_length == settings.cold_mean_length
+    written = tmp_path / "ours"
+    monkeypatch.setattr(corpus, "write_ours", lambda spec: written)
+
+    def no_peer_corpus(*args):
+        raise AssertionError("no peer corpus is written at 10^8 documents")
+
+    monkeypatch.setattr(harness, "megatron_prefix", no_peer_corpus)
+    (ours,) = harness.cold_start_subjects(settings, 10**8, {}, tmp_path / "scratch")
+    assert ours.task["evict"] == [str(written)]  # out of the page cache before each run
+    ratios = {
+        f"cold_start {10**8} ours first_batch_secs": harness.summarize([1.2, 1.4]),
+        f"cold_start {10**8} ours peak_rss_mb": harness.summarize([1500.0]),
+    }
+    found = {t["metric"]: t for t in harness.targets(ratios, settings)}
+    assert found[f"cold_start {10**8} ours first_batch_secs"]["met"] is True
+    assert found[f"cold_start {10**8} ours peak_rss_mb"]["met"] is False
+    assert f"cold_start {10**8} ours/megatron" not in found
+
+
+def test_a_cold_start_drops_its_corpus_from_the_page_cache_first(tmp_path, monkeypatch):
+    evicted = []
+    monkeypatch.setattr(corpus, "evict_from_page_cache", lambda paths: evicted.append(list(paths)))
+    ran = harness._Scratch(tmp_path, lambda runner, task: {"evicted_before": list(evicted)})
+    result = ran("ours", {"task": "cold_start", "evict": ["/corpus"]})
+    assert result == {"evicted_before": [["/corpus"]]}
+    # The real call: files and directories, and a path that is not there, all pass.
+    monkeypatch.undo()
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "tokens.npy").write_bytes(b"x" * 8192)
+    (tmp_path / "offsets.npy").write_bytes(b"y" * 8192)
+    corpus.evict_from_page_cache([tmp_path / "dir", tmp_path / "offsets.npy", tmp_path / "gone"])
+    assert (tmp_path / "dir" / "tokens.npy").read_bytes() == b"x" * 8192
+
+
 def test_result_line_protocol(capsys):
     runner_util.emit({"tokens": 5})
     printed = capsys.readouterr().out
@@ -125,6 +164,9 @@ def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
     (cold,) = result["groups"]["cold_start"]["figures"].values()
     assert cold["runtime_secs"]["ours"]["median"] > 0
     assert cold["first_batch_secs"]["ours"]["median"] >= cold["build_secs"]["ours"]["median"] > 0
+    # Memory at the first batch: the peak, and the loader's own pages apart from the files'.
+    assert cold["peak_rss_mb"]["ours"]["median"] >= cold["anon_mb"]["ours"]["median"] > 0
+    assert cold["file_mb"]["ours"]["median"] > 0
     assert result["failures"] == []
     # The one-thread bound on target 6 is a ratio without a target of its own.
     assert result["ratios"]["w0 ours_best_fit_one_thread/ours_best_fit_host"]["median"] > 0

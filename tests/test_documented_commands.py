@@ -90,7 +90,7 @@ COVERED_BY = {
     "make bench-peers": "tests.test_documented_commands::test_make_bench_peers_recipe",
     (
         ".venv/bin/python -m bench.peers [--tiny] [--rounds N] [--docs N] [--out DIR] "
-        "[--cold_10m] [--profile]"
+        "[--cold_10m] [--cold_100m] [--profile]"
     ): "tests.test_bench_peers::test_missing_peers_are_reported_and_ours_still_runs",
     "python -m bench.run [NAME ...] [--tiny] [--out=DIR]": (
         "tests.test_cli::test_bench_tiny_through_the_console_script"

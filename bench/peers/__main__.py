@@ -1,5 +1,7 @@
 """`python -m bench.peers [--tiny] [--rounds N] [--docs N] [--out DIR] [--cold_10m] [--profile]`.
 
+`--cold_100m` adds the 10^8-document cold start (ours alone).
+
 Compares our train iterator with Megatron-core, OLMo-core and
 mosaicml-streaming on the same documents (see `bench/peers/__init__.py`),
 writes `<out>/peers.json` (default `bench/results/`, or
@@ -40,6 +42,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="results directory")
     parser.add_argument(
         "--cold_10m", action="store_true", help="add the 10^7-document cold start (slow)"
+    )
+    parser.add_argument(
+        "--cold_100m",
+        action="store_true",
+        help="add the 10^8-document cold start, ours alone against its absolute bounds (slow)",
     )
     parser.add_argument(
         "--groups",
@@ -107,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         std_logging.INFO if args.verbose else std_logging.WARNING
     )
     settings = harness.Settings.create(
-        tiny=args.tiny, rounds=args.rounds, docs=args.docs, cold_10m=args.cold_10m
+        tiny=args.tiny,
+        rounds=args.rounds,
+        docs=args.docs,
+        cold_10m=args.cold_10m,
+        cold_100m=args.cold_100m,
     )
     out_dir = Path(args.out or (RESULTS_DIR / "tiny" if args.tiny else RESULTS_DIR)).resolve()
     config = common.BenchConfig(

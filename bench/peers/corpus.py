@@ -25,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,31 @@ def write_documents(spec: DocSpec) -> Path:
     np.save(directory / "offsets.npy", offsets)
     mark_done(directory, {"spec": dataclasses.asdict(spec), "tokens": int(offsets[-1])})
     return directory
+
+
+def evict_from_page_cache(paths: Iterable[Path | str]) -> None:
+    """Drops the files' pages from the page cache, so the next reader reads them from disk.
+
+    A cold start "from nothing cached" must not find the corpus a moment
+    ago written (or read by the previous round) in memory: that hides the
+    reads, and on kernels with large page-cache folios it inflates the
+    resident set, since a fault maps the whole cached folio around it (a
+    10^8-document cold start showed 2.0 GB resident at its first batch with
+    the files cached, 0.6 GB without). `POSIX_FADV_DONTNEED` drops clean
+    pages without root; a directory stands for the files in it. Where the
+    call is missing (not Linux) nothing is dropped.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for path in map(Path, paths):
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if not file.is_file():
+                continue
+            descriptor = os.open(file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(descriptor)
 
 
 def load_documents(docs: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,7 @@ def cold_start(task: dict[str, Any]) -> dict[str, Any]:
         "import_secs": _IMPORTED - _STARTED,
         "build_secs": built - began,
         "first_batch_secs": first - began,
-        "peak_rss_mb": runner_util.peak_rss_mb(),
+        **runner_util.memory_mb(),  # at the first batch
     }
 
 

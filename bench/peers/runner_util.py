@@ -78,6 +78,28 @@ def cpu_secs() -> float:
     return total
 
 
+def memory_mb() -> dict[str, float]:
+    """This process's memory now, MiB: peak resident set, and resident anonymous and file pages.
+
+    The split tells the loader's own allocations (`anon_mb`) from pages of
+    the files it maps (`file_mb`: the page cache, shared and reclaimable,
+    but counted in the resident set). On kernels with large page-cache
+    folios a fault maps the whole cached folio around it: 2,048 random
+    reads of a cached 800 MB offsets file mapped 775 MB (Linux 6.18).
+    """
+    fields = {"VmHWM:": "peak_rss_mb", "RssAnon:": "anon_mb", "RssFile:": "file_mb"}
+    found = {"peak_rss_mb": peak_rss_mb()}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                name = line.split(None, 1)[0] if line.strip() else ""
+                if name in fields and name != "VmHWM:":
+                    found[fields[name]] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return found
+
+
 def peak_rss_mb() -> float:
     """Peak resident set of this process in MiB: `VmHWM` of /proc/self/status.
 
