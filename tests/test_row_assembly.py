@@ -171,3 +171,6 @@ def test_assemble_rows_matches_the_reference(batch, eod):
     want = _reference_assemble_rows(pieces, read_int32, row_length, **options)
     assert got.dtype == np.int32 and got.shape == (len(FIELDS), pieces.rows, row_length)
     np.testing.assert_array_equal(got, want)
+    # The counts take each row's tokens from its pieces: exactly what its loss mask sets.
+    mask = got[_FIELD["targets_segmentation"]]
+    np.testing.assert_array_equal(pieces.row_tokens(), np.count_nonzero(mask, axis=1))

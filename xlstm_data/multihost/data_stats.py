@@ -14,9 +14,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-#: The field whose non-zero entries are the tokens that count (the loss mask).
-TOKEN_MASK_FIELD = "targets_segmentation"
-
 
 @dataclasses.dataclass
 class BatchCounts:
@@ -39,26 +36,27 @@ class BatchCounts:
     split_documents: int = 0
 
 
-def chunk_counts(chunk: Mapping[str, np.ndarray], mask_index: int) -> list[BatchCounts]:
+def chunk_counts(chunk: Mapping[str, np.ndarray]) -> list[BatchCounts]:
     """Counts each host batch of a chunk of steps (`PlannedBatchDataset.assemble_chunk`).
 
-    One vectorised pass over the chunk's block: per step it cost ~0.06 ms of
-    the prefetch thread's CPU at 8 rows of 1024 (bench/peers corpus).
+    From the chunk's small per-row and per-step arrays, not its block: the
+    tokens of a row are the example positions its pieces fill, exactly the
+    entries its loss mask (`targets_segmentation`) sets. Counting the mask
+    instead (one pass over the block) took 0.11 ms per chunk of 8 steps of
+    8 x 1024 rows, in the thread that feeds the devices; this takes a fifth
+    of that.
 
     Args:
-      chunk: The steps' block `[fields, rows, L]` (`"fields"`), each step's
-        rows, tokens per dataset as the plan placed them, and pieces begun
-        and continued.
-      mask_index: The block's field whose non-zero entries are the tokens
-        that count (`TOKEN_MASK_FIELD`).
+      chunk: Each step's rows, each row's tokens, tokens per dataset as the
+        plan placed them, pieces begun and continued, and the block (for
+        the row length).
     """
-    mask = chunk["fields"][mask_index]
-    per_row = np.count_nonzero(mask.reshape(mask.shape[0], -1), axis=1)
+    per_row = np.asarray(chunk["row_tokens"], dtype=np.int64)
     rows = np.asarray(chunk["rows"], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
     tokens = np.add.reduceat(per_row, starts).tolist()
     filled = np.add.reduceat(per_row > 0, starts).tolist()
-    slots = (rows * (mask[0].size if len(mask) else 0)).tolist()
+    slots = (rows * chunk["fields"].shape[-1]).tolist()
     pieces = np.asarray(chunk["piece_counts"], dtype=np.int64).tolist()
     sources = np.asarray(chunk["source_tokens"], dtype=np.int64)
     return [

@@ -35,12 +35,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from xlstm_data.errors import DataCheckpointError, DataConfigError
-from xlstm_data.multihost.data_stats import (
-    TOKEN_MASK_FIELD,
-    BatchCounts,
-    DataCounters,
-    chunk_counts,
-)
+from xlstm_data.multihost.data_stats import BatchCounts, DataCounters, chunk_counts
 from xlstm_data.multihost.global_arrays import ChunkTransfer
 from xlstm_data.multihost.host_layout import data_host_layout
 from xlstm_data.multihost.plan_state import (
@@ -338,7 +333,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
     def _steps_of(self, chunk: Mapping[str, np.ndarray]) -> list[_Prefetched]:
         """A chunk's steps, all sent to the devices, with their positions and counts."""
-        counts = chunk_counts(chunk, FIELDS.index(TOKEN_MASK_FIELD))
+        counts = chunk_counts(chunk)
         cursors = chunk["cursor"].tolist()
         data_steps = chunk["data_step"].tolist()
         device_steps = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())

@@ -81,6 +81,12 @@ class Pieces:
             self.stop[index],
         )
 
+    def row_tokens(self) -> np.ndarray:
+        """Each row's example positions filled (int64[rows]); the rest of a row is padding."""
+        ends = np.zeros(len(self.start) + 1, dtype=np.int64)
+        np.cumsum(self.stop - self.start, out=ends[1:])
+        return ends[self.row_offsets[1:]] - ends[self.row_offsets[:-1]]
+
     def row_of_piece(self) -> np.ndarray:
         """The row each piece is in."""
         return np.repeat(np.arange(self.rows), np.diff(self.row_offsets))

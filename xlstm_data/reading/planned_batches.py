@@ -209,8 +209,9 @@ class PlannedBatchDataset(grain.MapDataset):
         """The steps `indices` (increasing) as one element: a block of all their rows.
 
         `"fields"` is `[FIELDS, rows of all the steps, L]`, `"rows"` each
-        step's rows, and the other entries one per step, stacked
-        (`split_chunk` gives the steps back).
+        step's rows, `"row_tokens"` each row's tokens (from the pieces: the
+        counts need no pass over the block), and the other entries one per
+        step, stacked (`split_chunk` gives the steps back).
         """
         if self._executor is None and self._read_threads > 1:
             self._executor = futures.ThreadPoolExecutor(self._read_threads)
@@ -222,8 +223,9 @@ class PlannedBatchDataset(grain.MapDataset):
         for step in steps:  # in order: the planner only moves forward
             parts.append(planner.pieces_at(step))
             cursors.append(planner.cursor_at(step + 1).to_list())
+        pieces = Pieces.concat(parts)
         block = assemble_rows(
-            Pieces.concat(parts),
+            pieces,
             self._read_documents,
             spec.row_length,
             shift=spec.shift,
@@ -244,6 +246,7 @@ class PlannedBatchDataset(grain.MapDataset):
                 [np.bincount(p.source, weights=p.stop - p.start, minlength=sources) for p in parts]
             ).astype(np.int64),
             "cursor": np.array(cursors, dtype=np.int64),
+            "row_tokens": pieces.row_tokens(),
         }
 
     def __str__(self) -> str:
