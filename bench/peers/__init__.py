@@ -8,7 +8,8 @@ a subprocess of its own virtual environment (`run_ours` in the project's,
 `harness` alternates the systems within one run and reports per-round
 ratios ours/peer, median (min-max), against issue 23's targets.
 
-    python -m bench.peers [--tiny] [--rounds N] [--docs N] [--out DIR] [--cold_10m] [--profile]
+    python -m bench.peers [--tiny] [--rounds N] [--docs N] [--out DIR] [--cold_10m]
+        [--cold_100m] [--profile]
 
 Not part of `make test` (tests/test_bench_peers.py tests the harness
 without the peers).

@@ -154,8 +154,9 @@ class Settings:
 #: 0.76 G tokens, 2.7 GB prepared, where the mean of 64 would be 12.7 GB.
 OURS_ONLY_COLD = 10**8
 SHORT_MEAN_LENGTH = 8.0
-#: Issue 23's bounds at `OURS_ONLY_COLD` documents: seconds to the first batch, peak MiB.
-COLD_SECS_BOUND, COLD_MB_BOUND = 5.0, 1024.0
+#: Issue 23's bounds at `OURS_ONLY_COLD` documents: seconds to the first batch,
+#: and peak MiB (1 GB read strictly: 10^9 bytes).
+COLD_SECS_BOUND, COLD_MB_BOUND = 5.0, 1e9 / 2**20
 
 
 # ----------------------------------------------------------------------------
@@ -618,7 +619,11 @@ class _Scratch:
         for key in ("cache", "cache_dir", "work_dir", "output"):
             if key in task:
                 shutil.rmtree(task[key], ignore_errors=True)
-        corpus.evict_from_page_cache(task.get("evict", ()))
+        try:
+            corpus.evict_from_page_cache(task.get("evict", ()))
+        except OSError as error:  # the run would not start from nothing cached
+            why = f"{runner}: cannot drop its corpus from the page cache: {error}"
+            raise RunnerFailed(why) from error
         try:
             return self.run(runner, task, **kwargs)
         finally:
@@ -862,7 +867,7 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
                 f"cold_start {documents} ours peak_rss_mb",
                 "<",
                 COLD_MB_BOUND,
-                f"cold start at {documents} documents: peak resident set < 1 GB",
+                f"cold start at {documents} documents: peak resident set < 1 GB (10^9 bytes)",
             )
             continue
         add(

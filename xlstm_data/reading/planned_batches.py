@@ -284,7 +284,7 @@ class PlannedChunkDataset(grain.MapDataset):
     ~3.7 ms per MB (bench/peers, 2 workers, 8 and 64 rows of 1024). A step of
     8 rows paid the fixed part per 0.23 MB. In the main process, a chunk
     goes to the devices in one transfer (`global_arrays.ChunkTransfer`) and
-    is counted in one pass (`data_stats.chunk_counts`). Element j holds steps
+    is counted from its pieces (`data_stats.chunk_counts`). Element j holds steps
     `[j * steps_per_chunk, (j + 1) * steps_per_chunk)` of `steps`, assembled
     in one call as one block (`assemble_chunk`). Which rows a step holds
     never depends on this, nor on the worker count.
