@@ -19,7 +19,7 @@ one worker (`--dist loadfile`), so module fixtures are built once. The
 longest modules are handed out first (`LONGEST_FIRST`, with xdist's own
 reordering by test count off): xdist's default order put the 1-test modules
 of 67-82 s (`make demo`, the bench) last, and the two workers ended ~55 s
-apart. Fresh-clone runs on the 2-core VM: 788 s of pytest in this order,
+apart. Fresh-clone runs on the 2-core VM: 788 and 723 s of pytest in this order,
 against 849-904 s in xdist's (one earlier A/B had read 875 against 849).
 """
 
