@@ -572,6 +572,7 @@ def cold_start_subjects(
     ]
     prefix = None if documents >= OURS_ONLY_COLD else megatron_prefix(spec, missing)
     if prefix:
+        megatron_files = [prefix + ".bin", prefix + ".idx"]  # OLMo reads the same files
         subjects.append(
             Subject(
                 "megatron",
@@ -580,7 +581,7 @@ def cold_start_subjects(
                     **_megatron_task(settings, [prefix], scratch / "megatron"),
                     "task": "cold_start",
                     "samples": 64 * settings.batch_size,
-                    "evict": [prefix + ".bin", prefix + ".idx"],
+                    "evict": megatron_files,
                 },
             )
         )
@@ -596,7 +597,7 @@ def cold_start_subjects(
                         "eod": corpus.EOD_ID,
                         "pad": corpus.PAD_ID,
                         "work_dir": str(scratch / "olmo"),
-                        "evict": [prefix + ".bin", prefix + ".idx"],
+                        "evict": megatron_files,
                         **shape,
                     },
                 )

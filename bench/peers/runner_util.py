@@ -87,33 +87,42 @@ def memory_mb() -> dict[str, float]:
     folios a fault maps the whole cached folio around it: 2,048 random
     reads of a cached 800 MB offsets file mapped 775 MB (Linux 6.18).
     """
-    fields = {"VmHWM:": "peak_rss_mb", "RssAnon:": "anon_mb", "RssFile:": "file_mb"}
-    found = {"peak_rss_mb": peak_rss_mb()}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                name = line.split(None, 1)[0] if line.strip() else ""
-                if name in fields and name != "VmHWM:":
-                    found[fields[name]] = int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    status = _status_mib()
+    found = {"peak_rss_mb": peak_rss_mb(status)}
+    for name, key in (("RssAnon", "anon_mb"), ("RssFile", "file_mb")):
+        if name in status:
+            found[key] = status[name]
     return found
 
 
-def peak_rss_mb() -> float:
+def peak_rss_mb(status: dict[str, float] | None = None) -> float:
     """Peak resident set of this process in MiB: `VmHWM` of /proc/self/status.
 
     Not `ru_maxrss`: Linux carries the parent's peak across fork and exec
     into it, so every runner would report at least the harness's own peak.
+
+    Args:
+      status: `_status_mib()` when the caller has read it already.
     """
+    peak = (_status_mib() if status is None else status).get("VmHWM")
+    if peak is not None:
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _status_mib() -> dict[str, float]:
+    """The kB entries of /proc/self/status in MiB, by name (empty where it cannot be read)."""
+    found = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+                name, _, value = line.partition(":")
+                parts = value.split()
+                if len(parts) == 2 and parts[1] == "kB":
+                    found[name] = int(parts[0]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return found
 
 
 def time_batches(

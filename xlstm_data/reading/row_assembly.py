@@ -135,9 +135,7 @@ def assemble_rows(
     lengths = pieces.stop - pieces.start
     row_of_piece = pieces.row_of_piece()
     first_piece_of_row = pieces.row_offsets[:-1]
-    ends = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ends[1:])
-    filled = ends[pieces.row_offsets[1:]] - ends[first_piece_of_row]  # tokens per row
+    filled = pieces.row_tokens()
     order = np.arange(len(lengths)) + row_of_piece  # a real piece's place among all
     pads = pieces.row_offsets[1:] + np.arange(rows)  # each row's padding piece's place
     count = len(lengths) + rows
