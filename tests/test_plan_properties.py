@@ -316,3 +316,39 @@ def test_concat_fills_every_row_but_at_the_end_of_a_finite_run(
         for pieces in batches:
             np.add.at(served, pieces.document, pieces.stop - pieces.start)
         np.testing.assert_array_equal(served, num_epochs * sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(1, 5000),
+    high=st.sampled_from([2, 100, 2**16, 2**31 - 1]),
+    seed=st.integers(0, 2**16),
+    shift=st.booleans(),
+    shift_target=st.booleans(),
+)
+def test_the_plan_sums_each_source_once_and_means_as_numpy_does(
+    count, high, seed, shift, shift_target
+):
+    """The plan's one pass over the lengths gives the mean `lengths.mean()` gave.
+
+    The mean sets the document shares of `mixture_unit="documents"`, so a
+    mean off in its last bit would change the plan; the sum is the corpus size
+    that `check_batch_fits` refuses too large a batch against.
+    """
+    lengths = np.random.default_rng(seed).integers(1, high, count, endpoint=True, dtype=np.int32)
+    spec = PlanSpec(
+        names=("a",),
+        mixture=parse_mixture_schedule(None, ("a",), {"a": 1.0}),
+        mixture_unit="documents",
+        row_length=64,
+        packing="best_fit",
+        shift=shift,
+        shift_target=shift_target,
+        seed=0,
+        shuffle=True,
+        batch=BatchSizeSchedule(8, None),
+    )
+    plan = GlobalPlan(spec, [lengths])
+    assert plan.document_tokens == (int(lengths.sum(dtype=np.int64)),)
+    expected = float(example_tokens(np.asarray(lengths.mean()), shift, shift_target))
+    assert plan.mean_tokens.tolist() == [expected]

@@ -326,7 +326,8 @@ def make_grain_multihost_iterator(
     )
     sources = {name: datasets[name].documents for name in mixed}
     lengths = [source_lengths(f"dataset {name!r}", sources[name]) for name in mixed]
-    check_batch_fits(spec, lengths, "global_batch_size")
+    plan = GlobalPlan(spec, lengths)
+    check_batch_fits(plan, "global_batch_size")
     if use_thread_prefetch and worker_count:
         logging.info("use_thread_prefetch=True: batches are prepared in the prefetch thread")
     settings = FactorySettings(
@@ -350,7 +351,7 @@ def make_grain_multihost_iterator(
         },
     )
     return PlannedDataIterator(
-        GlobalPlan(spec, lengths),
+        plan,
         [sources[name] for name in mixed],
         global_mesh,
         eod_token_id=first.eod_token_id,

@@ -14,7 +14,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from jax.sharding import Mesh
 
 from xlstm_data.batch import LLMBatch
@@ -144,20 +143,21 @@ def _train_plan(
     """The train plan on the opened sources (their lengths loaded), and the sources by name."""
     sources = {s.name: opened[f"data.train.{s.name}"] for s in mixed}
     lengths = [source_lengths(f"data.train.{n}", sources[n]) for n in spec.names]
-    check_batch_fits(spec, lengths)
-    return GlobalPlan(spec, lengths), sources
+    plan = GlobalPlan(spec, lengths)
+    check_batch_fits(plan)
+    return plan, sources
 
 
-def check_batch_fits(
-    spec: PlanSpec, lengths: Sequence[Any], key: str = "data.global_batch_size"
-) -> None:
+def check_batch_fits(plan: GlobalPlan, key: str = "data.global_batch_size") -> None:
     """Refuses a global batch larger than the whole train corpus fills in one epoch.
 
     Such a batch serves every document several times in every step; at absurd
     sizes (10^12 rows) planning would spin for hours before the first batch.
+    The plan has planned nothing yet: it plans on the first batch.
     """
-    tokens = sum(int(np.sum(x, dtype=np.int64)) + len(x) for x in lengths)  # EOD each
-    rows = -(-tokens // spec.row_length)
+    spec = plan.spec
+    tokens = sum(t + len(x) for t, x in zip(plan.document_tokens, plan.lengths, strict=True))
+    rows = -(-tokens // spec.row_length)  # an EOD per document
     largest = spec.batch.global_batch_size
     if largest > rows:
         raise DataConfigError(
