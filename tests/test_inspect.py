@@ -9,6 +9,7 @@ import pytest
 from tests.helpers import prepared_corpus
 from xlstm_data.cli.inspect_config import inspect_config, load_config
 from xlstm_data.cli.main import main as cli_main
+from xlstm_data.config.data_config import validate_data_config
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
 
@@ -44,6 +45,13 @@ def test_plan_matches_the_config(tmp_path):
     assert [s["name"] for s in plan["sources"]] == ["code", "prose"]
     assert [round(s["expected_share"], 3) for s in plan["sources"]] == [0.7, 0.3]
     assert [s["vocab_size"] for s in plan["sources"]] == [258, 258]
+    # The plan's sums of the lengths equal the sources' documents, read one by one.
+    sources = {s.name: s.build() for s in validate_data_config(config).train}
+    for entry in plan["sources"]:
+        source = sources[entry["name"]]
+        assert entry["documents"] == len(source)
+        assert entry["tokens"] == sum(len(source[i]["tokens"]) for i in range(len(source)))
+        assert entry["tokens_exact"]
     assert plan["eod_token_id"] == 1  # the byte tokenizer's, as the sources' own
     assert [s["global_batch_size"] for s in plan["stages"]] == [8, 16, 32]
     assert plan["stages"][0]["tokens_per_step"] == 8 * 128

@@ -166,7 +166,7 @@ def inspect_config(
     mesh_dims = _mesh_axis_dims(config)
     mesh = create_mesh(mesh_dims)
     batch_axes = config.get("mesh", {}).get("batch_axis_names")
-    train, evals = iterators_from_config(config, mesh, batch_axis_names=batch_axes)
+    train, evals = iterators_from_config(data, mesh, batch_axis_names=batch_axes)
     layout = train.layout
     if workdir:
         from xlstm_data.cli.batch_contents import read_saved_run, warn_about_changed_data
@@ -183,10 +183,14 @@ def inspect_config(
         file=out,
     )
     counts = {}
+    planned = dict(zip(train.plan.spec.names, train.plan.document_tokens, strict=True))
     for spec in data.train:
-        # Sources of weight 0 are not in the iterator, so open them here.
-        source = train.sources[spec.name] if spec.name in train.sources else spec.build()
-        counts[spec.name] = (source, *_source_counts(source))
+        if spec.name in planned:  # the plan has summed its lengths
+            source = train.sources[spec.name]
+            counts[spec.name] = (source, len(source), planned[spec.name], True)
+        else:  # weight 0: not in the iterator, so opened here
+            source = spec.build()
+            counts[spec.name] = (source, *_source_counts(source))
     shares = [
         _token_shares(mixture, weights, counts, data.mixture_unit) for weights in mixture.weights
     ]
