@@ -63,3 +63,22 @@ def _check_every_step(axes: str, pytree_steps: int) -> None:
         assert bool(global_arrays._PICKS) == (pytree_steps < STEPS)
     finally:
         train.close()
+
+
+def test_the_host_pipeline_iterated_again_starts_again_at_its_first_step():
+    """Each `iter()` of a grain dataset starts afresh; the planner under it walked forward only.
+
+    `bench.run throughput` iterates `host_batches()` once per round: its second
+    round raised "the plan was asked for data step 0, before its position".
+    """
+    train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
+    try:
+        steps = train.host_batches()
+        first = [fields_of(e["fields"]) for e in itertools.islice(iter(steps), STEPS)]
+        again = [fields_of(e["fields"]) for e in itertools.islice(iter(steps), 5)]
+        for expected, got in zip(first, again, strict=False):
+            assert expected.keys() == got.keys()
+            for name in expected:
+                np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    finally:
+        train.close()

@@ -14,7 +14,7 @@ import pytest
 
 from xlstm_data.batch import LLM_BATCH_FIELDS
 from xlstm_data.config.rampup import BatchSizeSchedule
-from xlstm_data.errors import DataConfigError
+from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.mixture import parse_mixture_schedule
 from xlstm_data.plan.order import EPOCHS_KEPT
@@ -385,6 +385,23 @@ def test_the_plan_depends_on_neither_host_count_nor_planning_history():
     for step in range(8):
         a.pieces_at(step)
     _same(a.pieces_at(8).row_slice(60, 120), b.pieces_at(8))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_planner_asked_for_an_earlier_step_plans_again_from_its_cursor(layout):
+    """A grain dataset of the steps iterated a second time starts again at its first index."""
+    plan = make_plan(layout, "best_fit")
+    expected = [HostPlanner(plan, 0, 1).pieces_at(step) for step in range(40)]
+    planner = HostPlanner(plan, 0, 1)
+    for step in [*range(30), 0, 1, 25, 3, *range(30, 40), 7]:
+        _same(planner.pieces_at(step), expected[step])
+    assert planner.cursor_at(12) == _cursor_saved_at(plan, 1, 12)
+    cursor = _cursor_saved_at(plan, 1, 10)
+    resumed = HostPlanner(plan, 0, 1, cursor)
+    for step in [20, 10, 15]:
+        _same(resumed.pieces_at(step), expected[step])
+    with pytest.raises(DataCheckpointError, match="data step 9, before the cursor it started from"):
+        resumed.pieces_at(9)
 
 
 def test_a_plan_sent_to_a_worker_maps_its_lengths_instead_of_copying_them(tmp_path):

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.plan.mixing import merged_sources
@@ -348,7 +349,15 @@ class _HostWindow:
 
 
 class HostPlanner:
-    """A data host's rows of each step (steps asked for in increasing order).
+    """A data host's rows of each step, walking the plan forward from a cursor.
+
+    Steps are meant to be asked for in increasing order. A step before the
+    current window (a grain dataset of these steps iterated a second time,
+    which starts again at its first index) walks again from the starting
+    cursor: the plan is a pure function of the step, so the rows are the
+    same, at the cost of planning the steps in between once more. A step
+    before the starting cursor is refused: the steps before a restored
+    cursor may have been planned under another mixture or layout.
 
     Args:
       plan: The global plan.
@@ -363,7 +372,12 @@ class HostPlanner:
         self.plan = plan
         self.host_index = host_index
         self.host_count = host_count
-        self._walker = StepWalker(plan, cursor or plan.start_cursor())
+        self._start = cursor or plan.start_cursor()
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """Back to the starting cursor, nothing planned."""
+        self._walker = StepWalker(self.plan, self._start)
         self._current: _HostWindow | None = None
         self._window_rows = max(1, FIRST_WINDOW_ROWS // 2)  # rows of the last window planned
 
@@ -378,10 +392,21 @@ class HostPlanner:
         while True:
             first = self._walker.next_step if current is None else current.window.first
             if step < first:
-                raise DataCheckpointError(
-                    f"the plan was asked for data step {step}, before its position at step "
-                    f"{first}; a planner only moves forward"
+                if step < self._start.step:
+                    raise DataCheckpointError(
+                        f"the plan was asked for data step {step}, before the cursor it "
+                        f"started from (step {self._start.step}); ask for steps from "
+                        f"{self._start.step} on, or plan from an earlier cursor"
+                    )
+                logging.debug(
+                    "data step %d is behind step %d: planning again from step %d",
+                    step,
+                    first,
+                    self._start.step,
                 )
+                self._rewind()
+                current = None
+                continue
             if current is not None:
                 end = first + current.window.steps
                 if step < end or (end_inclusive and step == end):
