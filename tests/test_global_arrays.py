@@ -74,11 +74,17 @@ def test_the_host_pipeline_iterated_again_starts_again_at_its_first_step():
     train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
     try:
         steps = train.host_batches()
-        first = [fields_of(e["fields"]) for e in itertools.islice(iter(steps), STEPS)]
-        again = [fields_of(e["fields"]) for e in itertools.islice(iter(steps), 5)]
-        for expected, got in zip(first, again, strict=False):
-            assert expected.keys() == got.keys()
-            for name in expected:
-                np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+        passes = [
+            list(itertools.islice(iter(steps), STEPS)),
+            list(itertools.islice(iter(steps), 5)),  # after the first pass went ahead
+            list(itertools.islice(iter(steps), 2 * STEPS)),  # and past where it stopped
+        ]
+        fresh = list(itertools.islice(iter(train.host_batches()), 2 * STEPS))
+        assert [len(p) for p in passes] == [STEPS, 5, 2 * STEPS] and len(fresh) == 2 * STEPS
+        for elements in passes:
+            for step, (got, want) in enumerate(zip(elements, fresh, strict=False)):
+                assert got.keys() == want.keys()  # fields, cursor, data step, ...
+                for key in want:
+                    np.testing.assert_array_equal(got[key], want[key], err_msg=f"{step} {key}")
     finally:
         train.close()

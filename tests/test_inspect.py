@@ -62,6 +62,23 @@ def test_plan_matches_the_config(tmp_path):
     assert plan["mixture_schedule"] == [[0, pytest.approx({"code": 0.7, "prose": 0.3})]]
 
 
+def test_a_source_of_weight_0_is_counted_from_its_documents(tmp_path):
+    """It is not in the plan, whose sums count the others."""
+    import io
+
+    config = load_config(str(CONFIGS[[p.stem for p in CONFIGS].index("demo")]))
+    config.data.train.code.max_files = 10
+    config.data.train.prose.max_files = 10
+    config.data.train.code.weight = 0.0
+    plan = inspect_config(config, png=str(tmp_path / "p.png"), plot_steps=2, out=io.StringIO())
+    assert [s["expected_share"] for s in plan["sources"]] == [0.0, 1.0]
+    sources = {s.name: s.build() for s in validate_data_config(config).train}
+    for entry in plan["sources"]:
+        source = sources[entry["name"]]
+        assert entry["documents"] == len(source)
+        assert entry["tokens"] == sum(len(source[i]["tokens"]) for i in range(len(source)))
+
+
 def test_plan_shows_the_mixture_schedule_not_the_static_weights(tmp_path):
     import io
 

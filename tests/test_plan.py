@@ -395,7 +395,9 @@ def test_a_planner_asked_for_an_earlier_step_plans_again_from_its_cursor(layout)
     planner = HostPlanner(plan, 0, 1)
     for step in [*range(30), 0, 1, 25, 3, *range(30, 40), 7]:
         _same(planner.pieces_at(step), expected[step])
-    assert planner.cursor_at(12) == _cursor_saved_at(plan, 1, 12)
+    planner.pieces_at(39)
+    assert planner.cursor_at(12) == _cursor_saved_at(plan, 1, 12)  # a rewind through cursor_at
+    assert planner.cursor_at(0) == plan.start_cursor()
     cursor = _cursor_saved_at(plan, 1, 10)
     resumed = HostPlanner(plan, 0, 1, cursor)
     for step in [20, 10, 15]:
@@ -417,6 +419,8 @@ def test_a_plan_sent_to_a_worker_maps_its_lengths_instead_of_copying_them(tmp_pa
     assert len(payload) < big.nbytes / 10
     copy = pickle.loads(payload)
     assert isinstance(copy.lengths[0], np.memmap)
+    assert copy.document_tokens == plan.document_tokens == (int(big.sum()), int(SOURCES["b"].sum()))
+    assert copy.mean_tokens.tolist() == plan.mean_tokens.tolist()
     for step in range(3):
         _same(HostPlanner(copy, 0, 1).pieces_at(step), HostPlanner(plan, 0, 1).pieces_at(step))
 

@@ -19,6 +19,7 @@ unit and a host count, then walks the plan the way hosts do and checks:
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -148,6 +149,7 @@ def test_a_stage_changes_no_row_before_it_starts(drawn, data):
             tuple(mixture.weights[i] for i in kept),
         )
     )
+    assert earlier.document_tokens == plan.document_tokens
     hosts = min(hosts, 4)
     for a, b in zip(_walk(plan, hosts, cut), _walk(earlier, hosts, cut), strict=True):
         assert a.equals(b)
@@ -321,21 +323,23 @@ def test_concat_fills_every_row_but_at_the_end_of_a_finite_run(
 @settings(max_examples=200, deadline=None)
 @given(
     count=st.integers(1, 5000),
-    high=st.sampled_from([2, 100, 2**16, 2**31 - 1]),
+    high=st.sampled_from([1, 2, 100, 2**16, 2**31 - 1]),
     seed=st.integers(0, 2**16),
     shift=st.booleans(),
     shift_target=st.booleans(),
 )
-def test_the_plan_sums_each_source_once_and_means_as_numpy_does(
+def test_the_plan_sums_each_source_once_and_keeps_its_mean_length_whole(
     count, high, seed, shift, shift_target
 ):
-    """The plan's one pass over the lengths gives the mean `lengths.mean()` gave.
+    """The plan's one pass over the lengths gives their sum and their exact mean.
 
-    The mean sets the document shares of `mixture_unit="documents"`, so a
-    mean off in its last bit would change the plan; the sum is the corpus size
-    that `check_batch_fits` refuses too large a batch against.
+    The mean (positions a document fills) sets the reported shares of
+    `mixture_unit="documents"`: it was cut to a whole number, so a source of
+    documents of 1 or 2 tokens read as 1, and one of mean 0.3 as empty. The
+    sum is the corpus size `check_batch_fits` refuses too large a batch against.
     """
-    lengths = np.random.default_rng(seed).integers(1, high, count, endpoint=True, dtype=np.int32)
+    lengths = np.random.default_rng(seed).integers(0, high, count, endpoint=True, dtype=np.int32)
+    lengths[0] = max(int(lengths[0]), 1)  # never all empty
     spec = PlanSpec(
         names=("a",),
         mixture=parse_mixture_schedule(None, ("a",), {"a": 1.0}),
@@ -350,5 +354,6 @@ def test_the_plan_sums_each_source_once_and_means_as_numpy_does(
     )
     plan = GlobalPlan(spec, [lengths])
     assert plan.document_tokens == (int(lengths.sum(dtype=np.int64)),)
-    expected = float(example_tokens(np.asarray(lengths.mean()), shift, shift_target))
-    assert plan.mean_tokens.tolist() == [expected]
+    positions = example_tokens(lengths, shift, shift_target)
+    assert plan.mean_tokens.tolist() == [lengths.mean() + (positions[0] - lengths[0])]
+    assert plan.mean_tokens[0] == pytest.approx(positions.mean(), rel=1e-12)

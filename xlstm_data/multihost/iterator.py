@@ -200,7 +200,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
         Elements are as `PlannedBatchDataset` gives them (`fields_of(e["fields"])`
         are the batch's fields). Read in order by one thread: the host planner
-        walks the plan forward.
+        walks the plan forward, and each new `iter()` of the dataset starts at
+        `step` again, planning again from there.
         """
         return self._planned(step, cursor).to_iter_dataset(grain.ReadOptions(num_threads=0))
 

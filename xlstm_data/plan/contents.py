@@ -87,7 +87,7 @@ def step_rows(
 
     Args:
       plan: The run's plan.
-      steps: Training steps, increasing.
+      steps: Training steps, increasing (an earlier one plans again from the cursor).
       skips: The run's skipped steps (`data.skip_steps`).
       hosts: Data hosts the rows are dealt to (one per process, usually).
       cursor: The plan's cursor at a data step at or before the first step's

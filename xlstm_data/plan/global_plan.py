@@ -30,7 +30,7 @@ from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.plan.mixing import merged_sources
 from xlstm_data.plan.mixture import MixtureSchedule
 from xlstm_data.plan.order import SourceOrder
-from xlstm_data.plan.pieces import Pieces, example_tokens
+from xlstm_data.plan.pieces import Pieces, eod_positions
 from xlstm_data.plan.source_rows import RowWalker, SourceRows
 from xlstm_data.plan.spec import PlanSpec
 
@@ -119,10 +119,11 @@ class GlobalPlan:
         for name, array, total in zip(spec.names, lengths, tokens, strict=True):
             if len(array) == 0:
                 raise DataConfigError(f"data.train.{name} has no documents")
-            # total / count is the correctly rounded mean, as `array.mean()` was.
-            mean = float(
-                example_tokens(np.asarray(total / len(array)), spec.shift, spec.shift_target)
-            )
+            # Input positions a document fills on average, as a float: the
+            # document-weighted shares reported (`token_shares`) divide by it.
+            # It was cut to a whole number, which skewed the shares of short
+            # documents and called a source of mean length below 1 empty.
+            mean = total / len(array) + eod_positions(spec.shift, spec.shift_target)
             if mean <= 0:
                 raise DataConfigError(f"data.train.{name} has only empty documents")
             means.append(mean)
@@ -398,7 +399,7 @@ class HostPlanner:
                         f"started from (step {self._start.step}); ask for steps from "
                         f"{self._start.step} on, or plan from an earlier cursor"
                     )
-                logging.debug(
+                logging.info(
                     "data step %d is behind step %d: planning again from step %d",
                     step,
                     first,
@@ -425,8 +426,8 @@ class HostPlanner:
 
     def cursor_at(self, step: int) -> Cursor:
         """The cursor that resumes the plan at `step` (the same on every host)."""
-        if self._current is None and step == self._walker.start.step:
-            return self._walker.start
+        if step == self._start.step:
+            return self._start
         current = self._window_of(step, end_inclusive=True)
         return self._walker.cursor(current.window, step)
 

@@ -21,8 +21,12 @@ def example_tokens(lengths: np.ndarray, shift: bool, shift_target: bool) -> np.n
     are shifted left), `[EOD] + tokens + [EOD]` (n + 1 inputs when inputs are
     shifted right), or `tokens + [EOD]` unshifted (n + 1).
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return lengths if (shift and shift_target) else lengths + 1
+    return np.asarray(lengths, dtype=np.int64) + eod_positions(shift, shift_target)
+
+
+def eod_positions(shift: bool, shift_target: bool) -> int:
+    """Input positions a document fills beyond its tokens (see `example_tokens`)."""
+    return 0 if (shift and shift_target) else 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -220,7 +220,7 @@ class PlannedBatchDataset(grain.MapDataset):
         steps = [self._skips.data_step(self._start_step + i) for i in indices]
         parts: list[Pieces] = []
         cursors: list[list[int]] = []
-        for step in steps:  # in order: the planner only moves forward
+        for step in steps:  # in order: an earlier step makes the planner start again
             parts.append(planner.pieces_at(step))
             cursors.append(planner.cursor_at(step + 1).to_list())
         pieces = Pieces.concat(parts)
