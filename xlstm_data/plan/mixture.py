@@ -1,17 +1,12 @@
-"""Mixture weights by step, and exact per-block document counts.
+"""Mixture weights by step: the configured stages and the updates made online.
 
 `data.mixture_schedule = [[step, {name: weight, ...}], ...]` changes the
 weights at the given steps; without it, `data.train.<name>.weight` holds for
 the whole run. A component left out of a stage, or given weight 0, is off for
 that stage.
 
-Counts are exact per block (Levanter's block-deterministic mixing): a block of
-K documents takes `floor(K * p_i)` documents of source i, and the few left over
-are dealt by systematic sampling with a per-block random offset, so each
-source's expected count is exactly `K * p_i` (a weight too small for one
-document per block still gets its share over many blocks). With token
-weighting (the default) `p_i` is proportional to `weight_i / mean_tokens_i`,
-so the realised *token* share matches the weight.
+Which source fills each row is decided by `mixing` (fair queueing on served
+units), from the weights of the stage a step is in.
 """
 
 from __future__ import annotations
@@ -22,8 +17,6 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from xlstm_data.errors import DataConfigError
 
@@ -136,34 +129,6 @@ def _stage_step(where: str, raw: Any) -> int:
     if isinstance(raw, bool) or not isinstance(raw, numbers.Integral) or raw < 0:
         raise DataConfigError(f"{where} has step {raw!r}; a stage step must be an int >= 0")
     return int(raw)
-
-
-def document_shares(weights: Sequence[float], mean_tokens: np.ndarray, unit: str) -> np.ndarray:
-    """The share of a block's documents each component gets."""
-    weights = np.asarray(weights, dtype=np.float64)
-    if unit == "tokens":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            weights = np.where(weights > 0, weights / mean_tokens, 0.0)
-    return weights / weights.sum()
-
-
-def block_counts(shares: np.ndarray, block_documents: int, offset: float) -> np.ndarray:
-    """Exact counts summing to `block_documents`, rounded by systematic sampling.
-
-    Args:
-      shares: Per-component shares, summing to 1.
-      block_documents: Documents in the block.
-      offset: A number in [0, 1), drawn per block.
-    """
-    ideal = shares * block_documents
-    base = np.floor(ideal).astype(np.int64)
-    left = int(block_documents - base.sum())
-    if left <= 0:
-        return base
-    cumulative = np.cumsum(ideal - base)
-    cumulative[-1] = left  # no float drift at the end
-    dealt = np.floor(cumulative + offset).astype(np.int64)
-    return base + np.diff(np.concatenate([[0], dealt]))
 
 
 #: An online mixture update: from this data step on, these normalised weights.
