@@ -220,3 +220,31 @@ def test_bad_mixtures_are_refused_by_name(datasets, lengths, weights, message):
             built, lengths, _mesh(), 8, dataset_weights=weights, worker_count=0
         ).close()
     assert message in str(caught.value)
+
+
+def test_id_shards_without_a_tokenizer_are_counted_once_per_machine(tmp_path, monkeypatch):
+    """MaxText-style int32 ArrayRecord shards, no index, no tokenizer: counted at the first
+    start, read from the lengths cache at the next, and read in batches (`read_many`)."""
+    from xlstm_data.sources import ArrayRecordSource, write_array_record
+    from xlstm_data.sources.mapped import MappedSource
+    from xlstm_data.sources.with_lengths import WithLengths
+
+    monkeypatch.setenv("XLSTM_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    documents = _documents(120)
+    paths = [str(tmp_path / f"part-{i}.array_record") for i in range(2)]
+    write_array_record(paths[0], [d["tokens"] for d in documents[:70]])
+    write_array_record(paths[1], [d["tokens"] for d in documents[70:]])
+    counted = []
+    count = MappedSource._count
+    monkeypatch.setattr(MappedSource, "_count", lambda self: counted.append(1) or count(self))
+
+    def dataset():
+        return xd.make_grain_llm_dataset(0, 1, ArrayRecordSource(paths), 8, 32, True, 5)
+
+    first = dataset()
+    again = dataset()
+    assert counted == [1]  # the second start read the cache
+    assert isinstance(first.documents, WithLengths) and isinstance(again.documents, WithLengths)
+    expected = [len(d["tokens"]) for d in documents]
+    assert again.documents.lengths().tolist() == expected
+    _same(_take(_iterator(ArrayRecordSource(paths)), 4), _take(_iterator(documents), 4))

@@ -183,6 +183,9 @@ def make_grain_llm_dataset(
     documents = as_token_source(dataset)
     if isinstance(documents, ArrayRecordSource) and not maps:  # shards made elsewhere
         documents = auto_index.with_lengths("dataset", documents, _reopener(documents))
+        unindexed_ids = documents.tokenizer is None and documents.record_format == "tokens"
+        if unindexed_ids and not documents.has_lengths():
+            documents = auto_index.with_lengths_counted_here("dataset", documents)
     if maps or not (isinstance(documents, TokenSource) and documents.has_lengths()):
         documents = MappedSource(documents, maps, name="dataset")
     eod = resolve_eod_token_id(eod_token_id, {"dataset": documents}, key="eod_token_id", fallback=0)
