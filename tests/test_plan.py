@@ -529,8 +529,8 @@ def _textbook_first_fit(sizes: np.ndarray, row_length: int) -> list[int]:
 
 
 def test_first_fit_is_the_textbook_algorithm():
-    """The first fit that opens a row without searching when no open row can hold the
-    item places every item where the textbook algorithm does (empty pieces included)."""
+    """The first fit that searches only rows with room, and none when no open row can
+    hold the item, places every item where the textbook algorithm does (empty pieces too)."""
     from xlstm_data.plan.packing import _first_fit
 
     rng = np.random.default_rng(2)
