@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,3 +47,25 @@ def prepared_corpus(tmp_path: Path) -> Path:
     argv = ["prepare", str(tmp_path / "raw" / "*.parquet"), f"--output={out}"]
     assert cli_main([*argv, "--num_shards=2", "--validation_fraction=0.05"]) == 0
     return out
+
+
+def plan_spec(weights: dict[str, float], **overrides) -> Any:
+    """A plan spec of one stage over `weights`' sources, rows of 128, best fit, batch 64."""
+    from xlstm_data.config.rampup import BatchSizeSchedule
+    from xlstm_data.plan.mixture import parse_mixture_schedule
+    from xlstm_data.plan.spec import PlanSpec
+
+    names = tuple(weights)
+    fields = dict(
+        names=names,
+        mixture=parse_mixture_schedule(None, names, weights),
+        mixture_unit="tokens",
+        row_length=128,
+        packing="best_fit",
+        shift=True,
+        shift_target=True,
+        seed=0,
+        shuffle=True,
+        batch=BatchSizeSchedule(64, None),
+    )
+    return PlanSpec(**{**fields, **overrides})

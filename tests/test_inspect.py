@@ -45,13 +45,7 @@ def test_plan_matches_the_config(tmp_path):
     assert [s["name"] for s in plan["sources"]] == ["code", "prose"]
     assert [round(s["expected_share"], 3) for s in plan["sources"]] == [0.7, 0.3]
     assert [s["vocab_size"] for s in plan["sources"]] == [258, 258]
-    # The plan's sums of the lengths equal the sources' documents, read one by one.
-    sources = {s.name: s.build() for s in validate_data_config(config).train}
-    for entry in plan["sources"]:
-        source = sources[entry["name"]]
-        assert entry["documents"] == len(source)
-        assert entry["tokens"] == sum(len(source[i]["tokens"]) for i in range(len(source)))
-        assert entry["tokens_exact"]
+    _assert_counts_are_the_documents(plan, config)
     assert plan["eod_token_id"] == 1  # the byte tokenizer's, as the sources' own
     assert [s["global_batch_size"] for s in plan["stages"]] == [8, 16, 32]
     assert plan["stages"][0]["tokens_per_step"] == 8 * 128
@@ -72,11 +66,7 @@ def test_a_source_of_weight_0_is_counted_from_its_documents(tmp_path):
     config.data.train.code.weight = 0.0
     plan = inspect_config(config, png=str(tmp_path / "p.png"), plot_steps=2, out=io.StringIO())
     assert [s["expected_share"] for s in plan["sources"]] == [0.0, 1.0]
-    sources = {s.name: s.build() for s in validate_data_config(config).train}
-    for entry in plan["sources"]:
-        source = sources[entry["name"]]
-        assert entry["documents"] == len(source)
-        assert entry["tokens"] == sum(len(source[i]["tokens"]) for i in range(len(source)))
+    _assert_counts_are_the_documents(plan, config)
 
 
 def test_plan_shows_the_mixture_schedule_not_the_static_weights(tmp_path):
@@ -160,3 +150,13 @@ def test_bad_override_and_missing_config_are_named(tmp_path, capsys):
     assert cli_main(["inspect", f"--config={config}", "--config.nokey.deeper=1"]) == 2
     error = capsys.readouterr().err
     assert "the config has no section 'nokey'" in error
+
+
+def _assert_counts_are_the_documents(plan, config):
+    """Each source's documents and tokens as printed equal its documents, read one by one."""
+    sources = {s.name: s.build() for s in validate_data_config(config).train}
+    for entry in plan["sources"]:
+        source = sources[entry["name"]]
+        assert entry["documents"] == len(source)
+        assert entry["tokens"] == sum(len(source[i]["tokens"]) for i in range(len(source)))
+        assert entry["tokens_exact"]

@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
+from tests.helpers import plan_spec
 from xlstm_data.batch import LLM_BATCH_FIELDS
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.errors import DataCheckpointError, DataConfigError
@@ -273,16 +274,10 @@ def test_mixture_stages_hold_their_token_shares():
     schedule = [[0, {"a": 1, "b": 1}], [200, {"a": 1, "b": 3}], [400, {"a": 0, "b": 1}]]
     lengths = {"a": _lengths(5, 5000, 300.0), "b": _lengths(6, 5000, 30.0)}
     batch = BatchSizeSchedule(16, [[0, 0.5], [100, 1]])
-    spec = PlanSpec(
-        names=("a", "b"),
+    spec = plan_spec(
+        {"a": 1, "b": 1},
         mixture=parse_mixture_schedule(schedule, ("a", "b"), {}),
-        mixture_unit="tokens",
         row_length=256,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
         batch=batch,
         block_documents=512,
     )
@@ -300,16 +295,10 @@ def test_mixture_stages_hold_their_token_shares():
 
 def test_document_weighting_follows_document_counts():
     lengths = {"a": _lengths(5, 5000, 300.0), "b": _lengths(6, 5000, 30.0)}
-    spec = PlanSpec(
-        names=("a", "b"),
-        mixture=parse_mixture_schedule(None, ("a", "b"), {"a": 1.0, "b": 1.0}),
+    spec = plan_spec(
+        {"a": 1.0, "b": 1.0},
         mixture_unit="documents",
         row_length=256,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
         batch=BatchSizeSchedule(16, None),
         block_documents=400,
     )
@@ -323,20 +312,7 @@ def test_document_weighting_follows_document_counts():
 
 def test_best_fit_fills_99_percent_of_the_lognormal_bench_corpus_at_1024():
     source = SyntheticSource(num_documents=20_000, mean_length=512.0, sigma=1.0, seed=1)
-    spec = PlanSpec(
-        names=("web",),
-        mixture=parse_mixture_schedule(None, ("web",), {"web": 1.0}),
-        mixture_unit="tokens",
-        row_length=1024,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
-        batch=BatchSizeSchedule(64, None),
-        num_epochs=1,
-    )
-    plan = GlobalPlan(spec, [source.lengths()])
+    plan = GlobalPlan(plan_spec({"web": 1.0}, row_length=1024, num_epochs=1), [source.lengths()])
     planner = HostPlanner(plan, 0, 1)
     tokens = sum(planner.pieces_at(step).tokens for step in range(plan.num_steps()))
     assert tokens / (plan.num_steps() * 64 * 1024) >= 0.99

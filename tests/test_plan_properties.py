@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import plan_spec
 from xlstm_data.config.rampup import BatchSizeSchedule
 from xlstm_data.plan.global_plan import GlobalPlan, HostPlanner
 from xlstm_data.plan.mixture import parse_mixture_schedule
@@ -206,19 +207,7 @@ def test_a_source_smaller_than_a_block_is_served_once_per_epoch():
         rng.lognormal(np.log(9000), 0.5, 4263).astype(np.int64),
         rng.lognormal(np.log(18000), 0.5, 627).astype(np.int64),
     ]
-    spec = PlanSpec(
-        names=("a", "b"),
-        mixture=parse_mixture_schedule(None, ("a", "b"), {"a": 0.2, "b": 0.8}),
-        mixture_unit="tokens",
-        row_length=128,
-        packing="best_fit",
-        shift=True,
-        shift_target=True,
-        seed=0,
-        shuffle=True,
-        batch=BatchSizeSchedule(64, None),
-    )
-    plan = GlobalPlan(spec, lengths)
+    plan = GlobalPlan(plan_spec({"a": 0.2, "b": 0.8}), lengths)
     planner = HostPlanner(plan, 0, 1)
     size = example_tokens(lengths[1], True, True)
     served = np.zeros(len(size), dtype=np.int64)
@@ -340,18 +329,7 @@ def test_the_plan_sums_each_source_once_and_keeps_its_mean_length_whole(
     """
     lengths = np.random.default_rng(seed).integers(0, high, count, endpoint=True, dtype=np.int32)
     lengths[0] = max(int(lengths[0]), 1)  # never all empty
-    spec = PlanSpec(
-        names=("a",),
-        mixture=parse_mixture_schedule(None, ("a",), {"a": 1.0}),
-        mixture_unit="documents",
-        row_length=64,
-        packing="best_fit",
-        shift=shift,
-        shift_target=shift_target,
-        seed=0,
-        shuffle=True,
-        batch=BatchSizeSchedule(8, None),
-    )
+    spec = plan_spec({"a": 1.0}, mixture_unit="documents", shift=shift, shift_target=shift_target)
     plan = GlobalPlan(spec, [lengths])
     assert plan.document_tokens == (int(lengths.sum(dtype=np.int64)),)
     positions = example_tokens(lengths, shift, shift_target)
