@@ -87,21 +87,20 @@ def _best_fit_decreasing(sizes: np.ndarray, row_length: int) -> np.ndarray:
     rooms = row_length - sizes[order[:big]]
     free = np.sort((rooms * scale + np.arange(big))[rooms > 0]).tolist()
     rows = big
-    sizes_list = sizes.tolist()
-    rest = order[big:].tolist()
-    placed = [0] * len(rest)
-    for k, item in enumerate(rest):
-        size = sizes_list[item]
-        at = bisect.bisect_left(free, size * scale)
+    rest = order[big:]
+    placed = []
+    find, insert, take, keep = bisect.bisect_left, bisect.insort, free.pop, placed.append
+    for size in sizes[rest].tolist():
+        at = find(free, size * scale)
         if at < len(free):
-            room, row = divmod(free.pop(at), scale)
+            room, row = divmod(take(at), scale)
         else:
             room, row = row_length, rows
             rows += 1
-        placed[k] = row
+        keep(row)
         if room > size:
-            bisect.insort(free, (room - size) * scale + row)
-    row_of[order[big:]] = placed
+            insert(free, (room - size) * scale + row)
+    row_of[rest] = placed
     return row_of
 
 
