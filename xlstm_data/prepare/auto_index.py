@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from absl import logging
 
 from xlstm_data.prepare import index_shards
@@ -96,17 +97,9 @@ def with_lengths(
         )
         index_shards.index_shards(files, **arguments)
         return reopen()
-    parts = {
-        "source": "ArrayRecordSource",
-        "files": [lengths_cache.file_signature(f) for f in files],
-        "record_format": source.record_format,
-        "tokenizer": lengths_cache.tokenizer_identity(source.tokenizer),
-        "vocab_size": source.vocab_size,
-    }
-    lengths = lengths_cache.cached_lengths(
-        parts, len(source), lambda: index_shards.count_lengths(files, **arguments), what
+    return _with_cached_lengths(
+        what, source, lambda: index_shards.count_lengths(files, **arguments)
     )
-    return WithLengths(source, lengths)
 
 
 def with_lengths_counted_here(what: str, source: ArrayRecordSource) -> Any:
@@ -122,17 +115,22 @@ def with_lengths_counted_here(what: str, source: ArrayRecordSource) -> Any:
       what: Names the dataset in logs.
       source: ArrayRecord shards of int32 token ids, no tokenizer, no index.
     """
+    # Ids are checked against `source.vocab_size` as they are counted.
+    return _with_cached_lengths(what, source, lambda: MappedSource(source, (), name=what).lengths())
+
+
+def _with_cached_lengths(
+    what: str, source: ArrayRecordSource, count: Callable[[], np.ndarray]
+) -> WithLengths:
+    """`source` with the lengths cache's entry for its files, made by `count` on a miss."""
     parts = {
         "source": "ArrayRecordSource",
         "files": [lengths_cache.file_signature(f) for f in source.files],
         "record_format": source.record_format,
-        "tokenizer": None,
-        "vocab_size": source.vocab_size,  # ids are checked against it as they are counted
+        "tokenizer": lengths_cache.tokenizer_identity(source.tokenizer),
+        "vocab_size": source.vocab_size,
     }
-    lengths = lengths_cache.cached_lengths(
-        parts, len(source), lambda: MappedSource(source, (), name=what).lengths(), what
-    )
-    return WithLengths(source, lengths)
+    return WithLengths(source, lengths_cache.cached_lengths(parts, len(source), count, what))
 
 
 def _progress(what: str, total: int) -> index_shards.Progress:
