@@ -115,31 +115,29 @@ class GlobalPlan:
         lengths = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in lengths]
         # The one pass over each source's lengths at start (70 ms at 10^8 documents).
         tokens = tuple(int(np.sum(array, dtype=np.int64)) for array in lengths)
-        means = []
         for name, array, total in zip(spec.names, lengths, tokens, strict=True):
             if len(array) == 0:
                 raise DataConfigError(f"data.train.{name} has no documents")
-            # Input positions a document fills on average, as a float: the
-            # document-weighted shares reported (`token_shares`) divide by it.
-            # It was cut to a whole number, which skewed the shares of short
-            # documents and called a source of mean length below 1 empty.
-            mean = total / len(array) + eod_positions(spec.shift, spec.shift_target)
-            if mean <= 0:
+            if _mean_positions(spec, total, len(array)) <= 0:
                 raise DataConfigError(f"data.train.{name} has only empty documents")
-            means.append(mean)
         orders = [
             SourceOrder(len(array), spec.seed, name, spec.shuffle)
             for name, array in zip(spec.names, lengths, strict=True)
         ]
-        self._build(spec, lengths, tokens, np.asarray(means), orders)
+        self._build(spec, lengths, tokens, orders)
 
-    def _build(self, spec, lengths, document_tokens, mean_tokens, orders) -> None:
+    def _build(self, spec, lengths, document_tokens, orders) -> None:
         """Sets the plan's parts from checked inputs (no pass over the lengths)."""
         self.spec = spec
         self.lengths = lengths
         #: Per source, the tokens of all its documents (no EOD).
         self.document_tokens = document_tokens
-        self.mean_tokens = mean_tokens
+        self.mean_tokens = np.asarray(
+            [
+                _mean_positions(spec, total, len(array))
+                for total, array in zip(document_tokens, lengths, strict=True)
+            ]
+        )
         self.orders = orders
         self.sources = [SourceRows(spec, i, lengths[i], orders[i]) for i in range(len(spec.names))]
         self._total_rows: int | None = None
@@ -148,7 +146,7 @@ class GlobalPlan:
         """The same plan with other mixture stages (rows before they differ are equal)."""
         plan = GlobalPlan.__new__(GlobalPlan)
         spec = dataclasses.replace(self.spec, mixture=mixture)
-        plan._build(spec, self.lengths, self.document_tokens, self.mean_tokens, self.orders)
+        plan._build(spec, self.lengths, self.document_tokens, self.orders)
         return plan
 
     def __getstate__(self) -> dict[str, Any]:
@@ -157,7 +155,6 @@ class GlobalPlan:
             "spec": self.spec,
             "lengths": [_MappedLengths.wrap(array) for array in self.lengths],
             "document_tokens": self.document_tokens,
-            "mean_tokens": self.mean_tokens,
             "orders": [order.without_cache() for order in self.orders],
         }
 
@@ -166,13 +163,7 @@ class GlobalPlan:
             array.open() if isinstance(array, _MappedLengths) else array
             for array in state["lengths"]
         ]
-        self._build(
-            state["spec"],
-            lengths,
-            state["document_tokens"],
-            state["mean_tokens"],
-            state["orders"],
-        )
+        self._build(state["spec"], lengths, state["document_tokens"], state["orders"])
 
     def token_shares(self, stage: int) -> np.ndarray:
         """Each source's planned share of the tokens in a mixture stage."""
@@ -430,6 +421,16 @@ class HostPlanner:
             return self._start
         current = self._window_of(step, end_inclusive=True)
         return self._walker.cursor(current.window, step)
+
+
+def _mean_positions(spec: PlanSpec, tokens: int, documents: int) -> float:
+    """Input positions a document of a source fills on average (`example_tokens`).
+
+    A float: the document-weighted shares reported (`token_shares`) divide by
+    it. It was cut to a whole number, which skewed the shares of short
+    documents and called a source of mean length below 1 empty.
+    """
+    return tokens / documents + eod_positions(spec.shift, spec.shift_target)
 
 
 @dataclasses.dataclass(frozen=True)
