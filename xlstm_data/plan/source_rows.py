@@ -235,13 +235,25 @@ class RowWalker:
                 parts.append(block.pieces.take_rows(rows[lo:hi] - first))
         return Pieces.concat(parts)
 
-    def position(self, row: int) -> tuple[int, int, int]:
-        """`(block start, its offset, rows taken of it)` with walker row `row` next."""
-        self.planned_rows(row + 1)
+    def positions(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where the walker is with each of `rows` next: `(block starts, offsets, rows taken)`.
+
+        For each row, the start of the block it is in, that block's offset
+        and the rows of the block before it; past the planned blocks, the
+        next block's start and offset.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows):
+            self.planned_rows(int(rows.max()) + 1)
+        start = np.full(len(rows), self._next_start, dtype=np.int64)
+        offset = np.full(len(rows), self._next_offset, dtype=np.int64)
+        taken = rows - self._next_row
         for first, block in self._blocks:
-            if first <= row < first + block.pieces.rows:
-                return block.start, block.offset, row - first
-        return self._next_start, self._next_offset, row - self._next_row
+            inside = (rows >= first) & (rows < first + block.pieces.rows)
+            start[inside] = block.start
+            offset[inside] = block.offset
+            taken[inside] = rows[inside] - first
+        return start, offset, taken
 
     def release(self, row: int) -> None:
         """Forgets blocks wholly before walker row `row`."""

@@ -222,7 +222,7 @@ class PlannedBatchDataset(grain.MapDataset):
         cursors: list[list[int]] = []
         for step in steps:  # in order: an earlier step makes the planner start again
             parts.append(planner.pieces_at(step))
-            cursors.append(planner.cursor_at(step + 1).to_list())
+            cursors.append(planner.cursor_list_at(step + 1))
         pieces = Pieces.concat(parts)
         block = assemble_rows(
             pieces,
