@@ -132,7 +132,7 @@ def test_a_closing_pipeline_lets_waiting_workers_go_before_asking_them_to_stop()
             states = ring._views[0][0]
             released_when_stopped.append(bool(states[shared_slots._CLOSED]))
 
-    handover = WorkerHandover(iter(()), Workers(), slots=ring)
+    handover = WorkerHandover(None, Workers(), slots=ring)
     next(handover)
     handover.close()
     assert released_when_stopped == [True]

@@ -227,12 +227,12 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
         Every element holds `_steps_per_chunk()` consecutive steps (the first
         one step, fewer at a finite plan's end), computed in this process or in
-        workers. With workers, the first step and the chunks of the next
-        `2 * worker_count * worker_buffer_size` steps are computed here while
-        the workers start, and the workers begin after them (`WorkerHandover`).
-        Twice what the workers keep ready: with half as many, the loop still
-        waited 0.27 s per restart (2 workers, 0.1 s steps, bench/plan_mixture),
-        with this many 0.02 s.
+        workers. With workers, the steps are computed here until the workers'
+        first chunk is there (`WorkerHandover`): at least the first step and
+        the chunks of the next `2 * worker_count * worker_buffer_size` steps,
+        after which the workers begin. Twice what the workers keep ready: with
+        half as many, the loop still waited 0.27 s per restart (2 workers,
+        0.1 s steps, bench/plan_mixture).
         """
         read = grain.ReadOptions(num_threads=0)
         per_chunk = self._steps_per_chunk()
@@ -253,12 +253,12 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             workers = prefetch_in_workers(later.to_iter_dataset(read), options)
             if ring is not None:
                 workers = workers.map(ring.take)
-            in_process = iter(chunks[:handover].to_iter_dataset(read))
+            in_process = iter(chunks.to_iter_dataset(read))
         except BaseException:  # refused (a script without the main guard): nothing is left
             if ring is not None:
                 ring.close()
             raise
-        return WorkerHandover(in_process, workers, slots=ring)
+        return WorkerHandover(in_process, workers, slots=ring, workers_from=handover)
 
     def _slot_ring(self, per_chunk: int) -> SlotRing | None:
         """Shared-memory slots for the workers' chunks, as many per worker as can be in flight.

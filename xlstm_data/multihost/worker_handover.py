@@ -1,18 +1,23 @@
 """Worker processes that start without making the training loop wait.
 
-Starting grain's worker processes takes about a second (spawn, imports, the
-first batch), and stopping them a third of one. Every restart of a pipeline
-with workers paid both while the loop waited: an online mixture update
-(`set_mixture`), a restore, every eval pass. Measured in
-`bench/plan_mixture`: `set_mixture` every 50 steps of 0.1 s cost the loop
+Starting grain's worker processes takes seconds (spawn, importing grain,
+JAX and orbax, the first batch), and stopping them a third of one. Every
+restart of a pipeline with workers paid both while the loop waited: an
+online mixture update (`set_mixture`), a restore, every eval pass. Measured
+in `bench/plan_mixture`: `set_mixture` every 50 steps of 0.1 s cost the loop
 21.6 % with 2 workers, against 0.14 % without.
 
-`WorkerHandover` serves the first steps of a restarted pipeline in this
-process while the new workers start in a helper thread, then hands over to
-them; the workers begin at the step after the last one served here, so the
-data is the same as without it. The old workers are stopped in a
-background thread, not a daemon: the interpreter waits for it at exit, so
-no worker or shared-memory segment outlives the process.
+`WorkerHandover` serves the steps of a restarted pipeline in this process
+while the new workers start in a helper thread, and hands over to them once
+their first chunk is there: no fixed number of steps served here can cover
+a start whose length depends on the machine and its load. With the first 16
+steps served here, 2 workers took 2.8-4.3 s to deliver their first chunk on
+the 2-core VM (importing grain alone took 1.2-2 s per process), and the loop
+waited 1-2 s after every update (37.8 % of the bench's loop). The workers
+begin at a fixed step; the chunks they made for steps already served here
+are dropped, so the data is the same as without them. The old workers are
+stopped in a background thread, not a daemon: the interpreter waits for it
+at exit, so no worker or shared-memory segment outlives the process.
 """
 
 from __future__ import annotations
@@ -29,35 +34,43 @@ from xlstm_data.multihost.shared_slots import SlotRing
 
 
 class WorkerHandover:
-    """Elements from `in_process` first, then from the workers' iterator.
+    """Elements from `in_process` until the workers have theirs, then from the workers.
 
     Every host pipeline is one, with or without workers, so the iterator
     closes them all alike.
 
     Args:
-      in_process: Iterator of the first elements (all of them without
-        workers), computed in this process.
-      workers: The workers' pipeline, starting at the element after them, or
-        None. Its iterator is made and its first element requested at once,
-        in a helper thread that blocks the job's signals
-        (`block_job_signals`), which starts the worker processes.
+      in_process: Iterator of the pipeline's elements from the first (all of
+        them), computed in this process; its end is the stream's end. None:
+        the workers' elements only.
+      workers: The workers' pipeline, whose first element is element
+        `workers_from` of `in_process`'s, or None. Its iterator is made and
+        its first element requested at once, in a helper thread that blocks
+        the job's signals (`block_job_signals`), which starts the worker
+        processes.
       slots: The shared-memory slots the workers' chunks arrive in
         (`shared_slots.SlotRing`), or None. A worker waiting for a slot is
         released before the workers are asked to stop (else it would not see
         grain's request until grain killed it), and the slots are unlinked
         once the workers are gone.
+      workers_from: Elements served in process at least (the workers' first
+        is the next one).
     """
 
     def __init__(
         self,
-        in_process: Iterator[Any],
+        in_process: Iterator[Any] | None,
         workers: Iterable[Any] | None = None,
         slots: SlotRing | None = None,
+        workers_from: int = 0,
     ):
         self._slots = slots
-        self._in_process: Iterator[Any] | None = in_process
+        self._in_process = in_process
         self._workers: Iterator[Any] | None = None
         self._first: futures.Future | None = None
+        self._workers_from = workers_from
+        #: Elements handed out so far.
+        self._served = 0
         if workers is not None:
             starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
             self._first = starter.submit(self._start, workers)
@@ -72,16 +85,26 @@ class WorkerHandover:
         return self
 
     def __next__(self) -> Any:
-        if self._in_process is not None:
-            try:
-                return next(self._in_process)
-            except StopIteration:
-                self._in_process = None
+        if self._in_process is not None and (
+            self._first is None or self._served < self._workers_from or not self._first.done()
+        ):
+            element = next(self._in_process)  # its end is the stream's end
+            self._served += 1
+            return element
         if self._first is not None:
+            self._close_in_process()
             first, self._first = self._first, None
-            return first.result()  # raises what the workers raised, StopIteration included
+            element = first.result()  # raises what the workers raised, StopIteration included
+            served_here = self._served - self._workers_from
+            if served_here > 0:
+                logging.info("dropping %d chunks the workers made while they started", served_here)
+            for _ in range(served_here):  # made for steps already served here
+                element = next(self._workers)
+            self._served += 1
+            return element
         if self._workers is None:  # in process only, and it ended
             raise StopIteration
+        self._served += 1
         return next(self._workers)
 
     def close(self) -> None:

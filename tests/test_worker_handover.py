@@ -1,0 +1,72 @@
+"""`WorkerHandover`: the loop never waits for workers to start, and no step is lost or repeated."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from xlstm_data.multihost.worker_handover import WorkerHandover
+
+STEPS = 40
+
+
+class SlowWorkers:
+    """Workers whose first element (element `first` of the stream) waits for `ready`."""
+
+    def __init__(self, first: int, ready: threading.Event):
+        self.first = first
+        self.ready = ready
+        self.made = 0
+
+    def __iter__(self):  # a generator: closable, as grain's worker iterator
+        self.ready.wait(10)
+        for index in range(self.first, STEPS):
+            self.made += 1
+            yield ("workers", index)
+
+
+def _in_process():
+    return iter(("here", index) for index in range(STEPS))
+
+
+@pytest.mark.parametrize("ready_after", [0, 3, 11, 39])
+def test_steps_are_served_here_until_the_workers_first_chunk_is_there(ready_after):
+    """Whenever the workers become ready, every element comes once and in order."""
+    ready = threading.Event()
+    workers = SlowWorkers(first=3, ready=ready)
+    handover = WorkerHandover(_in_process(), workers, workers_from=3)
+    got = []
+    try:
+        for _ in range(ready_after):
+            got.append(next(handover))
+        ready.set()
+        handover._first.result(10)  # the workers' first element is there
+        got.extend(handover)
+    finally:
+        handover.close()
+    assert [index for _, index in got] == list(range(STEPS))
+    here = max(ready_after, 3)
+    assert {origin for origin, _ in got[:here]} == {"here"}
+    assert {origin for origin, _ in got[here:]} <= {"workers"}
+    assert workers.made == STEPS - 3  # the workers began at their fixed element
+
+
+def test_the_stream_ends_with_the_in_process_one_when_workers_never_start():
+    ready = threading.Event()
+    handover = WorkerHandover(_in_process(), SlowWorkers(3, ready), workers_from=3)
+    try:
+        assert [index for _, index in handover] == list(range(STEPS))
+    finally:
+        ready.set()
+        handover.close()
+
+
+def test_without_in_process_steps_the_workers_serve_from_the_first():
+    ready = threading.Event()
+    ready.set()
+    handover = WorkerHandover(None, SlowWorkers(0, ready))
+    try:
+        assert [index for _, index in handover] == list(range(STEPS))
+    finally:
+        handover.close()
