@@ -54,6 +54,19 @@ def test_the_type_checking_imports_list_the_same_names(package: str) -> None:
     assert seen == expected
 
 
+def _run_fresh(script: str) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter (nothing imported yet), from the repository."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
 def test_the_packages_and_the_command_lines_checks_load_no_jax_or_grain() -> None:
     """Importing them, and refusing a bad key of a shipped config, loads none of them."""
     script = (
@@ -65,15 +78,7 @@ def test_the_packages_and_the_command_lines_checks_load_no_jax_or_grain() -> Non
         "    print('exit', exited.code)\n"
         "print(sorted(m for m in ('jax', 'grain', 'orbax', 'flax') if m in sys.modules))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = _run_fresh(script)
     assert result.stdout.split("\n")[:2] == ["exit 1", "[]"], result.stderr
     assert "data has unknown keys ['wroker_count']" in result.stderr
 
@@ -99,14 +104,6 @@ def test_a_prepared_source_is_built_without_the_other_kinds_modules(tmp_path) ->
         "print(len(source), sorted(m for m in ('xlstm_data.sources.text_files',"
         " 'xlstm_data.sources.synthetic') if m in sys.modules))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = _run_fresh(script)
     documents, modules = result.stdout.split(" ", 1)
     assert int(documents) > 0 and modules.strip() == "[]", result.stderr

@@ -41,7 +41,8 @@ def test_steps_are_served_here_until_the_workers_first_chunk_is_there(ready_afte
         for _ in range(ready_after):
             got.append(next(handover))
         ready.set()
-        handover._first.result(10)  # the workers' first element is there
+        index, _ = handover._first.result(10)  # the workers' first element is there
+        assert index == max(ready_after, 3)  # the helper dropped what was served here
         got.extend(handover)
     finally:
         handover.close()

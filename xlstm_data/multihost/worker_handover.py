@@ -9,13 +9,14 @@ in `bench/plan_mixture`: `set_mixture` every 50 steps of 0.1 s cost the loop
 
 `WorkerHandover` serves the steps of a restarted pipeline in this process
 while the new workers start in a helper thread, and hands over to them once
-their first chunk is there: no fixed number of steps served here can cover
-a start whose length depends on the machine and its load. With the first 16
-steps served here, 2 workers took 2.8-4.3 s to deliver their first chunk on
-the 2-core VM (importing grain alone took 1.2-2 s per process), and the loop
-waited 1-2 s after every update (37.8 % of the bench's loop). The workers
-begin at a fixed step; the chunks they made for steps already served here
-are dropped, so the data is the same as without them. The old workers are
+they have caught up with the steps served here: no fixed number of steps
+served here can cover a start whose length depends on the machine and its
+load. With the first 16 steps served here, 2 workers took 2.8-4.3 s to
+deliver their first chunk on the 2-core VM (importing grain alone took
+1.2-2 s per process), and the loop waited 1-2 s after every update (37.8 %
+of the bench's loop). The workers begin at a fixed step; the helper thread
+drops the chunks they made for steps already served here while this process
+serves on, so the data is the same as without them. The old workers are
 stopped in a background thread, not a daemon: the interpreter waits for it
 at exit, so no worker or shared-memory segment outlives the process.
 """
@@ -34,7 +35,7 @@ from xlstm_data.multihost.shared_slots import SlotRing
 
 
 class WorkerHandover:
-    """Elements from `in_process` until the workers have theirs, then from the workers.
+    """Elements from `in_process` until the workers catch up, then from the workers.
 
     Every host pipeline is one, with or without workers, so the iterator
     closes them all alike.
@@ -69,17 +70,27 @@ class WorkerHandover:
         self._workers: Iterator[Any] | None = None
         self._first: futures.Future | None = None
         self._workers_from = workers_from
-        #: Elements handed out so far.
+        #: Elements handed out so far (read by the helper thread).
         self._served = 0
+        self._closing = False
         if workers is not None:
             starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
             self._first = starter.submit(self._start, workers)
             starter.shutdown(wait=False)
 
-    def _start(self, workers: Iterable[Any]) -> Any:
+    def _start(self, workers: Iterable[Any]) -> tuple[int, Any]:
+        """The workers' first element not yet served here, and its index (helper thread).
+
+        The chunks the workers made for steps served here meanwhile are
+        dropped here, beside the loop: a catch-up in the loop's thread would
+        make it wait as long as the workers took to start.
+        """
         block_job_signals()
         self._workers = iter(workers)
-        return next(self._workers)
+        index, element = self._workers_from, next(self._workers)
+        while index < self._served and not self._closing:  # `_served` only grows
+            index, element = index + 1, next(self._workers)
+        return index, element
 
     def __iter__(self) -> WorkerHandover:
         return self
@@ -94,12 +105,13 @@ class WorkerHandover:
         if self._first is not None:
             self._close_in_process()
             first, self._first = self._first, None
-            element = first.result()  # raises what the workers raised, StopIteration included
-            served_here = self._served - self._workers_from
-            if served_here > 0:
-                logging.info("dropping %d chunks the workers made while they started", served_here)
-            for _ in range(served_here):  # made for steps already served here
-                element = next(self._workers)
+            index, element = first.result()  # raises what the workers raised
+            dropped = index - self._workers_from
+            while index < self._served:  # served here since the helper caught up
+                index, element = index + 1, next(self._workers)
+                dropped += 1
+            if dropped:
+                logging.info("dropped %d chunks the workers made while they started", dropped)
             self._served += 1
             return element
         if self._workers is None:  # in process only, and it ended
@@ -109,12 +121,14 @@ class WorkerHandover:
 
     def close(self) -> None:
         """Stops the workers and waits until they are gone."""
+        self._closing = True
         self._close_in_process()
         first, self._first = self._first, None
         self._close_workers(first)
 
     def close_in_background(self) -> None:
         """Stops the workers in a background thread (a restart need not wait for it)."""
+        self._closing = True
         self._close_in_process()
         first, self._first = self._first, None
         if first is None and self._workers is None:
