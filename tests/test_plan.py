@@ -7,6 +7,7 @@ partition the same way, for node counts 1..120).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -525,3 +526,39 @@ def test_first_fit_is_the_textbook_algorithm():
         sizes = np.asarray(sizes, dtype=np.int64)
         expected = _textbook_first_fit(sizes, row_length)
         assert _first_fit(sizes, row_length).tolist() == expected, (row_length, sizes)
+
+
+@pytest.mark.parametrize("packing", ["best_fit", "concat"])
+def test_a_plan_with_new_stages_reuses_the_blocks_planned_and_serves_the_same_rows(
+    monkeypatch, packing
+):
+    """Blocks do not depend on the mixture: an update packs no block again, and its rows
+    equal those of a plan built with the new stages from the start."""
+    from xlstm_data.plan import source_rows
+
+    packed = []
+    plan_block = source_rows.SourceRows._plan_block
+
+    def recorded(rows, start, offset):
+        packed.append((id(rows.blocks), rows.index, start, offset))
+        return plan_block(rows, start, offset)
+
+    monkeypatch.setattr(source_rows.SourceRows, "_plan_block", recorded)
+    plan = make_plan("stages", packing, block_documents=256)
+    walked = HostPlanner(plan, 0, 1)
+    for step in range(6):
+        walked.pieces_at(step)
+    cursor = walked.cursor_at(6)
+    schedule = [[0, {"a": 1, "b": 1}], [4, {"b": 1}], [6, {"a": 1, "b": 5}]]
+    mixture = parse_mixture_schedule(schedule, ("a", "b"), {})
+    resumed = HostPlanner(plan.with_mixture(mixture), 0, 1, cursor)
+    spec = dataclasses.replace(plan.spec, mixture=mixture)
+    expected = HostPlanner(GlobalPlan(spec, [SOURCES["a"], SOURCES["b"]]), 0, 1)
+    for step in range(6):
+        expected.pieces_at(step)
+    for step in range(6, 30):
+        _same(resumed.pieces_at(step), expected.pieces_at(step))
+        assert resumed.cursor_at(step + 1) == expected.cursor_at(step + 1)
+    assert len(packed) == len(set(packed))  # no block of a cache packed twice
+    shared = zip(plan.sources, resumed.plan.sources, strict=True)
+    assert all(a.blocks is b.blocks for a, b in shared)

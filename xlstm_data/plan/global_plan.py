@@ -126,8 +126,12 @@ class GlobalPlan:
         ]
         self._build(spec, lengths, tokens, orders)
 
-    def _build(self, spec, lengths, document_tokens, orders) -> None:
-        """Sets the plan's parts from checked inputs (no pass over the lengths)."""
+    def _build(self, spec, lengths, document_tokens, orders, block_caches=None) -> None:
+        """Sets the plan's parts from checked inputs (no pass over the lengths).
+
+        `block_caches`: per source, the planned blocks of a plan that differs
+        from this one only in its mixture stages (new caches if None).
+        """
         self.spec = spec
         self.lengths = lengths
         #: Per source, the tokens of all its documents (no EOD).
@@ -139,14 +143,18 @@ class GlobalPlan:
             ]
         )
         self.orders = orders
-        self.sources = [SourceRows(spec, i, lengths[i], orders[i]) for i in range(len(spec.names))]
+        blocks = [None] * len(orders) if block_caches is None else block_caches
+        self.sources = [
+            SourceRows(spec, i, lengths[i], orders[i], blocks[i]) for i in range(len(spec.names))
+        ]
         self._total_rows: int | None = None
 
     def with_mixture(self, mixture: MixtureSchedule) -> GlobalPlan:
         """The same plan with other mixture stages (rows before they differ are equal)."""
         plan = GlobalPlan.__new__(GlobalPlan)
         spec = dataclasses.replace(self.spec, mixture=mixture)
-        plan._build(spec, self.lengths, self.document_tokens, self.orders)
+        caches = [rows.blocks for rows in self.sources]
+        plan._build(spec, self.lengths, self.document_tokens, self.orders, caches)
         return plan
 
     def __getstate__(self) -> dict[str, Any]:
