@@ -71,3 +71,35 @@ def test_without_in_process_steps_the_workers_serve_from_the_first():
         assert [index for _, index in handover] == list(range(STEPS))
     finally:
         handover.close()
+
+
+def test_workers_slower_than_this_process_still_take_over():
+    """A loop that asks as fast as this process computes: the workers catch up, then serve."""
+    import time
+
+    class Slow(SlowWorkers):
+        def __iter__(self):
+            for origin, index in super().__iter__():
+                time.sleep(0.01)  # slower than the in-process elements
+                yield origin, index
+
+    ready = threading.Event()
+    ready.set()
+
+    def in_process():
+        for element in _in_process():
+            time.sleep(0.001)  # faster than the workers
+            yield element
+
+    handover = WorkerHandover(in_process(), Slow(3, ready), workers_from=3)
+    try:
+        got = list(handover)
+    finally:
+        handover.close()
+    assert [index for _, index in got] == list(range(STEPS))
+    assert got[-1][0] == "workers"  # this process stopped serving once the workers were up
+
+
+def test_workers_from_needs_elements_served_in_process():
+    with pytest.raises(ValueError, match="workers_from"):
+        WorkerHandover(None, SlowWorkers(0, threading.Event()), workers_from=3)

@@ -16,7 +16,10 @@ deliver their first chunk on the 2-core VM (importing grain alone took
 1.2-2 s per process), and the loop waited 1-2 s after every update (37.8 %
 of the bench's loop). The workers begin at a fixed step; the helper thread
 drops the chunks they made for steps already served here while this process
-serves on, so the data is the same as without them. The old workers are
+serves on, so the data is the same as without them. Once the workers are
+up, this process serves at most `workers_from` more chunks: a loop that asks
+for data as fast as this process makes it would otherwise never let workers
+no faster than it catch up. The old workers are
 stopped in a background thread, not a daemon: the interpreter waits for it
 at exit, so no worker or shared-memory segment outlives the process.
 """
@@ -73,6 +76,12 @@ class WorkerHandover:
         #: Elements handed out so far (read by the helper thread).
         self._served = 0
         self._closing = False
+        #: Set by the helper once the workers' first element is there.
+        self._workers_up = threading.Event()
+        #: Elements served when the consumer first saw the workers up.
+        self._served_when_up: int | None = None
+        if in_process is None and workers_from:
+            raise ValueError("workers_from counts elements served in process; there are none")
         if workers is not None:
             starter = futures.ThreadPoolExecutor(1, thread_name_prefix="xlstm-data-workers")
             self._first = starter.submit(self._start, workers)
@@ -88,6 +97,7 @@ class WorkerHandover:
         block_job_signals()
         self._workers = iter(workers)
         index, element = self._workers_from, next(self._workers)
+        self._workers_up.set()
         while index < self._served and not self._closing:  # `_served` only grows
             index, element = index + 1, next(self._workers)
         return index, element
@@ -95,10 +105,30 @@ class WorkerHandover:
     def __iter__(self) -> WorkerHandover:
         return self
 
+    def _serve_here(self) -> bool:
+        """Whether the next element is computed in this process.
+
+        While the workers start, always. Once they are up, for at most
+        `workers_from` more elements while the helper catches up: where the
+        loop asks for data as fast as this process makes it, workers no
+        faster than this process would never catch up, and both would compute
+        every step while only this process's were used. The loop then waits
+        for the rest of the catch-up.
+        """
+        if self._in_process is None:
+            return False
+        if self._first is None or self._served < self._workers_from:
+            return True
+        if self._first.done():
+            return False
+        if not self._workers_up.is_set():
+            return True
+        if self._served_when_up is None:
+            self._served_when_up = self._served
+        return self._served < self._served_when_up + max(self._workers_from, 1)
+
     def __next__(self) -> Any:
-        if self._in_process is not None and (
-            self._first is None or self._served < self._workers_from or not self._first.done()
-        ):
+        if self._serve_here():
             element = next(self._in_process)  # its end is the stream's end
             self._served += 1
             return element
