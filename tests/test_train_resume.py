@@ -391,8 +391,12 @@ def test_when_one_of_two_processes_dies_the_other_stops_soon_saying_why(tmp_path
     workdir.mkdir()
     procs = launch(workdir, 2, "--config.num_train_steps=100000")
     deadline = time.monotonic() + 180
+    # After the step-4 checkpoint is committed: a process killed during orbax's
+    # async commit also makes the survivor's commit thread log its own
+    # traceback (the barrier times out) beside the error line (seen once under
+    # a loaded suite); that case is not what this test is about.
     while time.monotonic() < deadline and not (
-        records(workdir) and records(workdir)[-1]["step"] >= 5
+        records(workdir) and records(workdir)[-1]["step"] >= 5 and 4 in committed_steps(workdir)
     ):
         assert all(p.poll() is None for p in procs), "the run ended before the kill"
         time.sleep(0.05)
