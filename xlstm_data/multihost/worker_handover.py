@@ -19,9 +19,9 @@ drops the chunks they made for steps already served here while this process
 serves on, so the data is the same as without them. Once the workers are
 up, this process serves at most `workers_from` more chunks: a loop that asks
 for data as fast as this process makes it would otherwise never let workers
-no faster than it catch up. The old workers are
-stopped in a background thread, not a daemon: the interpreter waits for it
-at exit, so no worker or shared-memory segment outlives the process.
+no faster than it catch up. The old workers are stopped in a background
+thread, not a daemon: the interpreter waits for it at exit, so no worker or
+shared-memory segment outlives the process.
 """
 
 from __future__ import annotations
