@@ -80,7 +80,7 @@ def _one_thread_batches(train: Any):
 
     while True:
         for step in train._produce():
-            jax.block_until_ready(step.device)
+            jax.block_until_ready(step.arrays.get())
             yield step.counts.tokens
 
 

@@ -7,12 +7,15 @@ those rows, and processes that replicate the same rows pass identical data.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 
@@ -62,10 +65,11 @@ class ChunkTransfer:
     transfer go as pytrees, and so do the steps of a run shorter than a whole
     chunk (a ramp-up boundary, a finite plan's end), so only the chunk's
     full shape of each ramp-up stage is compiled. The pick is compiled in the
-    calling thread (the prefetch thread), once per shape and process. A
-    background compile was tried: a process then either waited for it at
-    exit or ended inside it. The pick has no collective, so processes may run
-    it in any order relative to their train steps.
+    calling thread (the prefetch thread), once per shape and process; each
+    step's pick runs in whichever thread asks for its arrays first
+    (`StepArrays`). A background compile was tried: a process then either
+    waited for it at exit or ended inside it. The pick has no collective, so
+    processes may run it in any order relative to their train steps.
 
     Args:
       names: The fields, in block order.
@@ -91,26 +95,38 @@ class ChunkTransfer:
         self._indices: list[jax.Array] = []
         self._sent = 0
 
-    def steps(self, block: np.ndarray, rows: Sequence[int]) -> Iterator[dict[str, jax.Array]]:
+    def steps(self, block: np.ndarray, rows: Sequence[int]) -> list[StepArrays]:
         """Each step's `{name: jax.Array [rows * host_count, L]}`, sharded by `sharding`.
+
+        What must happen once per chunk happens here (the pick's compile, the
+        chunk's `device_put` on an accelerator); each step's arrays are made
+        later, by the first thread that asks (`StepArrays`).
 
         Args:
           block: The chunk's host rows, `[fields, sum(rows), L]`, steps in order.
           rows: Each step's host rows.
         """
+        steps: list[StepArrays] = []
         start = 0
         for run_rows, run in itertools.groupby(int(r) for r in rows):
             count = len(list(run))
             if count == self._per_chunk and self._sent >= PYTREE_STEPS:
-                yield from self._picked(block[:, start : start + count * run_rows], count)
+                steps += self._picked(block[:, start : start + count * run_rows], count)
             else:
                 for first in range(start, start + count * run_rows, run_rows):
                     fields = dict(zip(self._names, block[:, first : first + run_rows], strict=True))
-                    yield form_global_batch(fields, self._sharding, self._host_count)
+                    steps.append(
+                        StepArrays(
+                            functools.partial(
+                                form_global_batch, fields, self._sharding, self._host_count
+                            )
+                        )
+                    )
             self._sent += count
             start += count * run_rows
+        return steps
 
-    def _picked(self, run: np.ndarray, count: int) -> Iterator[dict[str, jax.Array]]:
+    def _picked(self, run: np.ndarray, count: int) -> list[StepArrays]:
         """The steps of `run` (`[fields, count * rows, L]`), sent once and picked one by one."""
         local = run.reshape(run.shape[0], count, -1, *run.shape[2:])
         shape = (local.shape[0], count, local.shape[2] * self._host_count, *local.shape[3:])
@@ -127,8 +143,45 @@ class ChunkTransfer:
                 jax.make_array_from_process_local_data(replicated, np.int32(k), ())
                 for k in range(self._per_chunk)
             ]
-        for k in range(count):
-            yield pick(chunk, self._indices[k])
+        return [StepArrays(functools.partial(pick, chunk, self._indices[k])) for k in range(count)]
+
+
+class StepArrays:
+    """One step's device arrays, made once, by whichever thread asks for them first.
+
+    The prefetch thread makes a buffered chunk's arrays ahead once its buffer
+    has stayed full a while (`BackgroundPrefetcher(finish=...)`): a loop
+    slower than its data then finds them made. A loop that waits for data
+    takes the chunk sooner and makes them itself, while the prefetch thread
+    goes on with the next chunk's host rows
+    (`PlannedDataIterator._take_chunk`, where the figures are). Made in the
+    prefetch thread only, they queued behind the host pipeline on its thread.
+
+    Args:
+      make: Makes the arrays (a compiled pick, or a pytree transfer).
+    """
+
+    __slots__ = ("_arrays", "_lock", "_make")
+
+    def __init__(self, make: Callable[[], dict[str, jax.Array]]):
+        self._lock = threading.Lock()
+        self._make: Callable[[], dict[str, jax.Array]] | None = make
+        self._arrays: dict[str, jax.Array] = {}
+
+    def get(self) -> dict[str, jax.Array]:
+        """The arrays, made now if no thread has made them yet."""
+        with self._lock:
+            if self._make is not None:
+                self._arrays = self._make()
+                self._make = None
+            return self._arrays
+
+    def make_ahead(self) -> None:
+        """Makes the arrays if no thread has; a failure is left for `get` to raise again."""
+        try:
+            self.get()
+        except Exception:  # noqa: BLE001 - raised again where the loop asks for the step
+            logging.warning("making a step's arrays ahead failed; next() retries", exc_info=True)
 
 
 #: Steps sent as pytrees before the pick is compiled (per transfer).

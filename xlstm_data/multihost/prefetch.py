@@ -4,6 +4,9 @@ A producer thread calls `produce()` until it raises StopIteration, keeping at
 most `depth` results ahead of the consumer. A result may be a bundle that
 counts as several (`size`): a chunk's steps then cross between the threads
 in one hand-over instead of one each (`PlannedDataIterator._produce`).
+While the buffer stays full, the thread may finish buffered results
+(`finish`): work the consumer would otherwise do itself, done only when the
+consumer is the slower side and the producer has nothing else to do.
 Errors in the thread are re-raised in the consumer at the position where
 they happened, never swallowed.
 
@@ -45,6 +48,8 @@ class _Channel:
         self.depth = depth
         self.size = size
         self.buffer: collections.deque[Any] = collections.deque()
+        #: How many results at the buffer's front were passed to `finish`.
+        self.finished = 0
         #: What the buffered results count for (`size` of each).
         self.held = 0
         self.ended = False
@@ -56,6 +61,7 @@ class _Channel:
             self.stopping = True
             self.buffer.clear()
             self.held = 0
+            self.finished = 0
             self.cond.notify_all()
 
 
@@ -91,14 +97,46 @@ def block_job_signals() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, JOB_SIGNALS)
 
 
-def _run(channel: _Channel, producer: Callable[[], Callable[[], Any] | None]) -> None:
+def _wait_for_room(
+    channel: _Channel, finish: Callable[[Any], None] | None, finish_after: float
+) -> bool:
+    """Waits until the buffer has room, finishing buffered results meanwhile.
+
+    A result is finished once the buffer has stayed full for `finish_after`
+    seconds. Returns False when the prefetcher is stopping.
+    """
+
+    def room() -> bool:
+        return channel.stopping or channel.held < channel.depth
+
+    while True:
+        with channel.cond:
+            if channel.stopping:
+                return False
+            if channel.held < channel.depth:
+                return True
+            if finish is None or channel.finished >= len(channel.buffer):
+                channel.cond.wait_for(room)
+                continue
+            if channel.cond.wait_for(room, timeout=finish_after):
+                continue
+            item = channel.buffer[channel.finished]
+            channel.finished += 1
+        if not isinstance(item, _Failure):
+            finish(item)  # outside the lock: the consumer may take the item meanwhile
+
+
+def _run(
+    channel: _Channel,
+    producer: Callable[[], Callable[[], Any] | None],
+    finish: Callable[[Any], None] | None,
+    finish_after: float,
+) -> None:
     block_job_signals()
     try:
         while True:
-            with channel.cond:
-                channel.cond.wait_for(lambda: channel.stopping or channel.held < channel.depth)
-                if channel.stopping:
-                    return
+            if not _wait_for_room(channel, finish, finish_after):
+                return
             produce = producer()
             if produce is None:  # the owner was collected: end the stream
                 with channel.cond:
@@ -146,6 +184,11 @@ class BackgroundPrefetcher(Generic[T]):
         producer makes the next one while they count for fewer.
       name: Thread name, for debugging.
       size: What a result counts for (1 each by default; `len` for bundles).
+      finish: Called in the thread on each buffered result, oldest first,
+        once the buffer has stayed full for `finish_after` seconds (the
+        consumer is slower than the producer); it must be safe to run while
+        the consumer takes and uses the same result, and must not raise.
+      finish_after: Seconds the buffer stays full before `finish` is called.
     """
 
     def __init__(
@@ -154,12 +197,17 @@ class BackgroundPrefetcher(Generic[T]):
         depth: int,
         name: str = "xlstm-data-prefetch",
         size: Callable[[T], int] = lambda _: 1,
+        finish: Callable[[T], None] | None = None,
+        finish_after: float = 0.0,
     ):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         self._channel = _Channel(depth, size)
         self._thread = threading.Thread(
-            target=_run, args=(self._channel, _weak_producer(produce)), name=name, daemon=True
+            target=_run,
+            args=(self._channel, _weak_producer(produce), finish, finish_after),
+            name=name,
+            daemon=True,
         )
         _live.add(self._channel)
         self._thread.start()
@@ -176,6 +224,7 @@ class BackgroundPrefetcher(Generic[T]):
                     raise RuntimeError("the prefetcher was stopped")
                 raise StopIteration
             item = channel.buffer.popleft()
+            channel.finished = max(channel.finished - 1, 0)
             if not isinstance(item, _Failure):
                 channel.held -= channel.size(item)
             channel.cond.notify_all()

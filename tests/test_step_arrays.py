@@ -1,0 +1,165 @@
+"""A step's device arrays are made once, by whichever thread asks first, and nothing is lost.
+
+The prefetch thread makes a buffered chunk's arrays ahead only once its
+buffer has stayed full a while (a loop slower than its data); a loop that
+waits for data makes them itself when it takes the chunk. Either way every
+step hands out the host pipeline's fields, and an error making a step's
+arrays is raised at that step's `next()`, which a retry then serves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.test_planned_iterator import DATA
+from xlstm_data import create_mesh, iterators_from_config
+from xlstm_data.multihost import global_arrays, iterator
+from xlstm_data.multihost.global_arrays import StepArrays
+from xlstm_data.multihost.prefetch import BackgroundPrefetcher
+from xlstm_data.reading.row_assembly import fields_of
+
+STEPS = 24  # three chunks of 8 steps
+
+
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_the_prefetch_thread_finishes_only_results_left_in_a_full_buffer():
+    finished: list[tuple[int, threading.Thread]] = []
+    counter = itertools.count()
+
+    def produce() -> int:
+        time.sleep(0.02)  # the consumer is already waiting for the first result
+        return next(counter)
+
+    prefetcher = BackgroundPrefetcher(
+        produce,
+        depth=1,
+        finish=lambda item: finished.append((item, threading.current_thread())),
+        finish_after=0.05,
+    )
+    try:
+        assert prefetcher.get() == 0  # taken as soon as it was made: never finished
+        _wait_until(lambda: len(finished) == 1)
+        time.sleep(0.2)
+        assert [item for item, _ in finished] == [1]  # left in the full buffer
+        assert finished[0][1] is prefetcher.thread
+        assert prefetcher.get() == 1
+        _wait_until(lambda: len(finished) == 2)
+        assert [item for item, _ in finished] == [1, 2]
+    finally:
+        prefetcher.stop()
+    assert not prefetcher.thread.is_alive()
+
+
+def test_stop_waits_for_a_finish_under_way():
+    started = threading.Event()
+
+    def slow_finish(item: int) -> None:
+        started.set()
+        time.sleep(0.2)
+
+    prefetcher = BackgroundPrefetcher(itertools.count().__next__, depth=1, finish=slow_finish)
+    assert started.wait(10)
+    prefetcher.stop()
+    assert not prefetcher.thread.is_alive()
+
+
+def test_racing_threads_make_each_steps_arrays_once():
+    calls = itertools.count()
+    steps = [StepArrays(lambda: {"calls": next(calls)}) for _ in range(500)]
+    seen: dict[str, list[dict]] = {}
+
+    def take(name: str) -> None:
+        seen[name] = [step.get() for step in steps]
+
+    threads = [threading.Thread(target=take, args=(name,)) for name in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert next(calls) == 500  # one make per step
+    assert all(x is y for x, y in zip(seen["a"], seen["b"], strict=True))
+
+
+def _host_steps(train) -> list[dict[str, np.ndarray]]:
+    return [fields_of(e["fields"]) for e in itertools.islice(train.host_batches(), STEPS)]
+
+
+def _assert_step(batch, expected: dict[str, np.ndarray], step: int) -> None:
+    got = batch.to_dict()
+    assert got.keys() == expected.keys()
+    for name, want in expected.items():
+        np.testing.assert_array_equal(np.asarray(got[name]), want, err_msg=f"step {step} {name}")
+
+
+@pytest.mark.parametrize("slow_loop", [False, True])
+def test_each_step_is_made_by_the_thread_the_loop_speed_calls_for(monkeypatch, slow_loop):
+    """Slow loop: the prefetch thread makes the buffered chunks; fast loop: the loop itself."""
+    makers: dict[bytes, list[str]] = {}  # by a step's inputs
+    form = global_arrays.form_global_batch
+
+    def recording(fields, *args):
+        key = np.asarray(fields["inputs"]).tobytes()
+        makers.setdefault(key, []).append(threading.current_thread().name)
+        return form(fields, *args)
+
+    monkeypatch.setattr(global_arrays, "form_global_batch", recording)
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 10**6)  # every step a pytree
+    if not slow_loop:  # no buffer stays full this long: the loop makes every step
+        monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
+    train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
+    try:
+        expected = _host_steps(train)
+        for step, want in enumerate(expected):
+            if slow_loop:
+                time.sleep(0.03)
+            _assert_step(next(train), want, step)
+    finally:
+        train.close()
+    made = [makers[want["inputs"].tobytes()] for want in expected]
+    assert all(len(threads) == 1 for threads in made)  # once each
+    threads = {thread for (thread,) in made[STEPS // 2 :]}
+    if slow_loop:  # the first chunk was taken at once; the later ones waited in the buffer
+        assert threads == {"xlstm-data-prefetch"}
+    else:
+        assert threads == {threading.main_thread().name}
+
+
+def test_a_failure_making_a_steps_arrays_is_raised_at_that_step_and_a_retry_serves_it(
+    monkeypatch,
+):
+    form = global_arrays.form_global_batch
+    failures = iter(range(2))  # step 3 made ahead with its chunk, then again at its next()
+
+    def failing(fields, *args):
+        if (
+            np.array_equal(fields["inputs"], expected[3]["inputs"])
+            and next(failures, None) is not None
+        ):
+            raise RuntimeError("device out of memory")
+        return form(fields, *args)
+
+    monkeypatch.setattr(global_arrays, "form_global_batch", failing)
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 10**6)
+    monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
+    train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
+    try:
+        expected = _host_steps(train)
+        for step in range(3):
+            _assert_step(next(train), expected[step], step)
+        with pytest.raises(RuntimeError, match="device out of memory"):
+            next(train)
+        assert train.get_state()["step"] == 3  # step 3 was not handed out
+        for step in range(3, STEPS):  # the retry serves step 3, then the rest
+            _assert_step(next(train), expected[step], step)
+    finally:
+        train.close()
