@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -71,6 +72,19 @@ def test_stop_waits_for_a_finish_under_way():
     assert started.wait(10)
     prefetcher.stop()
     assert not prefetcher.thread.is_alive()
+
+
+def test_a_finish_that_raises_ends_the_stream_after_the_buffered_results():
+    def broken_finish(item: int) -> None:
+        raise SystemExit("finish broke its contract")
+
+    prefetcher = BackgroundPrefetcher(itertools.count().__next__, depth=1, finish=broken_finish)
+    try:
+        assert prefetcher.get() == 0  # buffered before the finish broke
+        with pytest.raises(SystemExit, match="broke its contract"):
+            prefetcher.get()  # raised, not a loop waiting forever
+    finally:
+        prefetcher.stop()
 
 
 def test_racing_threads_make_each_steps_arrays_once():
@@ -134,32 +148,89 @@ def test_each_step_is_made_by_the_thread_the_loop_speed_calls_for(monkeypatch, s
         assert threads == {threading.main_thread().name}
 
 
-def test_a_failure_making_a_steps_arrays_is_raised_at_that_step_and_a_retry_serves_it(
-    monkeypatch,
-):
+def _failing_once(monkeypatch, step: int, error: BaseException) -> tuple[list[str], dict]:
+    """`form_global_batch` raising `error` the first time it makes `step`.
+
+    Returns the threads that made `step`, and a dict whose "expected" the
+    test sets to the host steps once it has them.
+    """
     form = global_arrays.form_global_batch
-    failures = iter(range(2))  # step 3 made ahead with its chunk, then again at its next()
+    calls: list[str] = []
+    state = {"expected": None}
 
     def failing(fields, *args):
-        if (
-            np.array_equal(fields["inputs"], expected[3]["inputs"])
-            and next(failures, None) is not None
-        ):
-            raise RuntimeError("device out of memory")
+        want = state["expected"]
+        if want is not None and np.array_equal(fields["inputs"], want[step]["inputs"]):
+            calls.append(threading.current_thread().name)
+            if len(calls) == 1:
+                raise error
         return form(fields, *args)
 
     monkeypatch.setattr(global_arrays, "form_global_batch", failing)
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 10**6)
-    monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
+    return calls, state
+
+
+@pytest.mark.parametrize("slow_loop", [False, True])
+def test_a_failure_making_a_steps_arrays_is_raised_at_that_step_and_a_retry_serves_it(
+    monkeypatch, slow_loop
+):
+    """Made ahead by either thread, the failure is kept for the step's own next(), not retried."""
+    failing_step = 12  # in the second chunk: the slow loop's prefetch thread makes it
+    calls, state = _failing_once(monkeypatch, failing_step, RuntimeError("device out of memory"))
+    if not slow_loop:
+        monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
     train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
     try:
-        expected = _host_steps(train)
-        for step in range(3):
+        expected = state["expected"] = _host_steps(train)
+        for step in range(failing_step):
+            if slow_loop:
+                time.sleep(0.03)
             _assert_step(next(train), expected[step], step)
         with pytest.raises(RuntimeError, match="device out of memory"):
             next(train)
-        assert train.get_state()["step"] == 3  # step 3 was not handed out
-        for step in range(3, STEPS):  # the retry serves step 3, then the rest
+        assert len(calls) == 1  # kept, not tried again before the loop asked
+        assert calls[0] == ("xlstm-data-prefetch" if slow_loop else threading.main_thread().name)
+        assert train.get_state()["step"] == failing_step  # not handed out
+        for step in range(failing_step, STEPS):  # the retry serves it, then the rest
             _assert_step(next(train), expected[step], step)
+        assert len(calls) == 2
+    finally:
+        train.close()
+
+
+def test_an_interrupt_while_the_loop_makes_a_chunk_loses_no_step(monkeypatch):
+    """Ctrl-C in a notebook while next() makes a chunk's arrays, then the loop run again."""
+    calls, state = _failing_once(monkeypatch, 12, KeyboardInterrupt())
+    monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
+    train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
+    try:
+        expected = state["expected"] = _host_steps(train)
+        served = []
+        while len(served) < STEPS:
+            try:
+                served.append(next(train))
+            except KeyboardInterrupt:
+                assert len(calls) == 1
+        for step, batch in enumerate(served):
+            _assert_step(batch, expected[step], step)
+    finally:
+        train.close()
+
+
+@pytest.mark.parametrize("slow_loop", [False, True])
+def test_picked_steps_are_the_host_steps_whichever_thread_makes_them(monkeypatch, slow_loop):
+    """The compiled pick's path (every whole chunk), under the loop's own transfer guard."""
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    if not slow_loop:
+        monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
+    train, _ = iterators_from_config(DATA, create_mesh("dp:2,fsdp:2,tp:1,sp:1"))
+    try:
+        expected = _host_steps(train)
+        with jax.transfer_guard("disallow"):  # a user's loop that forbids implicit transfers
+            for step, want in enumerate(expected):
+                if slow_loop:
+                    time.sleep(0.03)
+                _assert_step(next(train), want, step)
     finally:
         train.close()

@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 
@@ -96,7 +95,7 @@ class ChunkTransfer:
         self._sent = 0
 
     def steps(self, block: np.ndarray, rows: Sequence[int]) -> list[StepArrays]:
-        """Each step's `{name: jax.Array [rows * host_count, L]}`, sharded by `sharding`.
+        """Each step's arrays to be made, `{name: jax.Array [rows * host_count, L]}` by `sharding`.
 
         What must happen once per chunk happens here (the pick's compile, the
         chunk's `device_put` on an accelerator); each step's arrays are made
@@ -153,35 +152,60 @@ class StepArrays:
     has stayed full a while (`BackgroundPrefetcher(finish=...)`): a loop
     slower than its data then finds them made. A loop that waits for data
     takes the chunk sooner and makes them itself, while the prefetch thread
-    goes on with the next chunk's host rows
-    (`PlannedDataIterator._take_chunk`, where the figures are). Made in the
-    prefetch thread only, they queued behind the host pipeline on its thread.
+    reads the next chunk's host rows (`PlannedDataIterator._take_chunk`,
+    where the figures are). When only the prefetch thread made them, they
+    waited behind the host pipeline on that thread.
+
+    A failure while making them ahead, in either thread, is kept and raised
+    by the step's own `get` (once: a later `get` tries again), so it reaches
+    the loop at the step it belongs to, and is tried no more often than the
+    loop asks.
 
     Args:
       make: Makes the arrays (a compiled pick, or a pytree transfer).
     """
 
-    __slots__ = ("_arrays", "_lock", "_make")
+    __slots__ = ("_arrays", "_error", "_lock", "_make")
 
     def __init__(self, make: Callable[[], dict[str, jax.Array]]):
         self._lock = threading.Lock()
         self._make: Callable[[], dict[str, jax.Array]] | None = make
         self._arrays: dict[str, jax.Array] = {}
+        self._error: Exception | None = None
+
+    @property
+    def made(self) -> bool:
+        """Whether the arrays exist (`get` will not make them)."""
+        return self._make is None
 
     def get(self) -> dict[str, jax.Array]:
-        """The arrays, made now if no thread has made them yet."""
+        """The arrays, made now if no thread has; raises a failure kept from `make_ahead`."""
         with self._lock:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
             if self._make is not None:
                 self._arrays = self._make()
                 self._make = None
             return self._arrays
 
-    def make_ahead(self) -> None:
-        """Makes the arrays if no thread has; a failure is left for `get` to raise again."""
+    def make_ahead(self, wait: bool = True) -> None:
+        """Makes the arrays if no thread has tried yet, keeping a failure for `get`.
+
+        Args:
+          wait: Whether to wait while another thread holds this step (the
+            prefetch thread does not: that thread is then making it).
+        """
+        if not self._lock.acquire(blocking=wait):
+            return
         try:
-            self.get()
-        except Exception:  # noqa: BLE001 - raised again where the loop asks for the step
-            logging.warning("making a step's arrays ahead failed; next() retries", exc_info=True)
+            if self._make is not None and self._error is None:
+                self._arrays = self._make()
+                self._make = None
+        except Exception as error:  # noqa: BLE001 - raised by this step's get()
+            self._error = error
+        finally:
+            self._lock.release()
 
 
 #: Steps sent as pytrees before the pick is compiled (per transfer).

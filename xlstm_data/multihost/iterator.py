@@ -3,10 +3,12 @@
 Every entry point (`iterators_from_config`, the reference factories) builds
 this one class. Each process computes its data-loading host's rows of every
 step from the plan (`reading.PlannedBatchDataset`), in this process or in
-grain worker processes, turns them into global `jax.Array`s on the mesh in a
-background thread (so device transfers overlap the training step) and hands
-them out in order. Its position (`plan_state`) is a step and one cursor of
-the plan, the same on every process, so it resumes on any layout.
+grain worker processes, in a background thread, and turns them into global
+`jax.Array`s on the mesh: ahead in that thread while the loop is slower than
+its data (so device transfers overlap the training step), in `next()` while
+the loop waits for data (`StepArrays`). It hands them out in order. Its
+position (`plan_state`) is a step and one cursor of the plan, the same on
+every process, so it resumes on any layout.
 
 An iterator owns a prefetch thread and its host pipeline
 (`resources.IteratorResources`). `close()` releases them; so does dropping
@@ -409,11 +411,15 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             self._end_of_epoch()
         if not self._ready:
             try:
-                self._ready.extend(self._take_chunk())
+                self._take_chunk()
             except StopIteration:
                 self._end_of_epoch()
         item = self._ready[0]
-        arrays = item.arrays.get()  # may raise: the step stays next
+        if item.arrays.made:
+            arrays = item.arrays.get()
+        else:  # its making failed before (and may raise again): the step stays next
+            with jax.transfer_guard("allow"):
+                arrays = item.arrays.get()
         self._ready.popleft()
         self._moved = True
         self._last_position = item.position
@@ -423,8 +429,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         self.data_counters.add(item.counts, time.perf_counter() - started)
         return self._wrap(arrays)
 
-    def _take_chunk(self) -> list[_Prefetched]:
-        """The prefetch thread's next chunk of steps, their device arrays all made.
+    def _take_chunk(self) -> None:
+        """The prefetch thread's next chunk of steps, with their device arrays made.
 
         Whatever the prefetch thread has not made yet (`StepArrays`) is made
         here, all of the chunk's steps in a row: on one CPU device
@@ -433,13 +439,18 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         process, 3 processes each) the iterator read 0.61-0.69 of the host
         pipeline this way, against 0.53-0.56 with every step's arrays made
         in the prefetch thread and 0.53-0.61 with each made at its own
-        `next()`; with 1 worker 0.80-0.90 against 0.68-0.84. An error is
-        raised at the `next()` of its own step.
+        `next()`; with 1 worker 0.80-0.90 against 0.68-0.84
+        (`bench/README.md`, "Step arrays made by the loop"). The steps are
+        kept before any is made, so an interrupt loses none; a failure is
+        raised at its own step (`StepArrays.get`). Transfers are allowed
+        here: on one CPU process a pick reads the host chunk, which a loop
+        under `jax.transfer_guard("disallow")` would otherwise refuse.
         """
         steps = self._prefetcher().get()
-        for step in steps:
-            step.arrays.make_ahead()
-        return steps
+        self._ready.extend(steps)
+        with jax.transfer_guard("allow"):
+            for step in steps:
+                step.arrays.make_ahead()
 
     def get_next(self) -> Any:
         """The next batch (CLU's `DatasetIterator` surface)."""
@@ -466,7 +477,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             steps = self._ready or self._prefetcher().peek()
             if not steps:
                 raise ValueError("the plan has no batch, so the iterator has no element_spec")
-            self._element_spec = _spec_of(steps[0].arrays.get())
+            with jax.transfer_guard("allow"):  # see _take_chunk
+                self._element_spec = _spec_of(steps[0].arrays.get())
         return self._wrap(self._element_spec)
 
     # The datasets ----------------------------------------------------------------
@@ -724,9 +736,13 @@ MAKE_AHEAD_AFTER_SECS = 0.002
 
 
 def _make_ahead(steps: list[_Prefetched]) -> None:
-    """Makes a buffered chunk's device arrays in the prefetch thread while its buffer is full."""
+    """Makes a buffered chunk's device arrays in the prefetch thread while its buffer is full.
+
+    A step the loop is making meanwhile is skipped. Module-level: the
+    prefetch thread holds it, and it must not hold the iterator.
+    """
     for step in steps:
-        step.arrays.make_ahead()
+        step.arrays.make_ahead(wait=False)
 
 
 def _spec_of(arrays: Mapping[str, jax.Array]) -> dict[str, clu.data.ArraySpec]:

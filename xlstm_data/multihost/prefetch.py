@@ -13,8 +13,9 @@ they happened, never swallowed.
 The thread never keeps its owner alive: it shares only a small channel (the
 buffer and its condition) with the `BackgroundPrefetcher`, and holds a bound
 method `produce` weakly, taking a strong reference only for the duration of
-one call. An iterator dropped without `close()` is therefore collected, and
-its prefetcher's finalizer stops the thread; a thread that finds its producer
+one call (`finish` is held strongly, so it must not reference the owner). An
+iterator dropped without `close()` is therefore collected, and its
+prefetcher's finalizer stops the thread; a thread that finds its producer
 gone stops by itself.
 
 Threads still running at interpreter exit are stopped by an `atexit` hook:
@@ -135,7 +136,14 @@ def _run(
     block_job_signals()
     try:
         while True:
-            if not _wait_for_room(channel, finish, finish_after):
+            try:
+                room = _wait_for_room(channel, finish, finish_after)
+            except BaseException as error:  # noqa: BLE001 - a `finish` that broke its contract
+                with channel.cond:
+                    channel.buffer.append(_Failure(error))  # after the results it has
+                    channel.cond.notify_all()
+                return
+            if not room:
                 return
             produce = producer()
             if produce is None:  # the owner was collected: end the stream
@@ -246,7 +254,7 @@ class BackgroundPrefetcher(Generic[T]):
         return item
 
     def stop(self) -> None:
-        """Stops the thread after its current `produce()` call and drops the buffer."""
+        """Stops the thread after its current `produce()` or `finish` call; drops the buffer."""
         self._channel.stop()
         if self._thread is not threading.current_thread():
             self._thread.join()
