@@ -180,6 +180,8 @@ class StepArrays:
 
     def get(self) -> dict[str, jax.Array]:
         """The arrays, made now if no thread has; raises a failure kept from `make_ahead`."""
+        if self._make is None and self._error is None:
+            return self._arrays  # made: `_arrays` is set before `_make` is cleared
         with self._lock:
             if self._error is not None:
                 error, self._error = self._error, None

@@ -448,6 +448,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """
         steps = self._prefetcher().get()
         self._ready.extend(steps)
+        if all(step.arrays.made for step in steps):
+            return  # made ahead by the prefetch thread (a loop slower than its data)
         with jax.transfer_guard("allow"):
             for step in steps:
                 step.arrays.make_ahead()
