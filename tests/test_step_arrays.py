@@ -9,6 +9,7 @@ arrays is raised at that step's `next()`, which a retry then serves.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -115,6 +116,25 @@ def _assert_step(batch, expected: dict[str, np.ndarray], step: int) -> None:
         np.testing.assert_array_equal(np.asarray(got[name]), want, err_msg=f"step {step} {name}")
 
 
+def _check_a_loop(
+    monkeypatch, axes: str, slow_loop: bool, guard: contextlib.AbstractContextManager | None = None
+) -> list[dict[str, np.ndarray]]:
+    """Runs a loop (slow: 30 ms a step) over the iterator; every step is the host's."""
+    if not slow_loop:  # no buffer stays full this long: the loop makes every step
+        monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
+    train, _ = iterators_from_config(DATA, create_mesh(axes))
+    try:
+        expected = _host_steps(train)
+        with guard or contextlib.nullcontext():
+            for step, want in enumerate(expected):
+                if slow_loop:
+                    time.sleep(0.03)
+                _assert_step(next(train), want, step)
+    finally:
+        train.close()
+    return expected
+
+
 @pytest.mark.parametrize("slow_loop", [False, True])
 def test_each_step_is_made_by_the_thread_the_loop_speed_calls_for(monkeypatch, slow_loop):
     """Slow loop: the prefetch thread makes the buffered chunks; fast loop: the loop itself."""
@@ -128,17 +148,7 @@ def test_each_step_is_made_by_the_thread_the_loop_speed_calls_for(monkeypatch, s
 
     monkeypatch.setattr(global_arrays, "form_global_batch", recording)
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 10**6)  # every step a pytree
-    if not slow_loop:  # no buffer stays full this long: the loop makes every step
-        monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
-    train, _ = iterators_from_config(DATA, create_mesh("dp:4,fsdp:1,tp:1,sp:1"))
-    try:
-        expected = _host_steps(train)
-        for step, want in enumerate(expected):
-            if slow_loop:
-                time.sleep(0.03)
-            _assert_step(next(train), want, step)
-    finally:
-        train.close()
+    expected = _check_a_loop(monkeypatch, "dp:4,fsdp:1,tp:1,sp:1", slow_loop)
     made = [makers[want["inputs"].tobytes()] for want in expected]
     assert all(len(threads) == 1 for threads in made)  # once each
     threads = {thread for (thread,) in made[STEPS // 2 :]}
@@ -222,15 +232,5 @@ def test_an_interrupt_while_the_loop_makes_a_chunk_loses_no_step(monkeypatch):
 def test_picked_steps_are_the_host_steps_whichever_thread_makes_them(monkeypatch, slow_loop):
     """The compiled pick's path (every whole chunk), under the loop's own transfer guard."""
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
-    if not slow_loop:
-        monkeypatch.setattr(iterator, "MAKE_AHEAD_AFTER_SECS", 60.0)
-    train, _ = iterators_from_config(DATA, create_mesh("dp:2,fsdp:2,tp:1,sp:1"))
-    try:
-        expected = _host_steps(train)
-        with jax.transfer_guard("disallow"):  # a user's loop that forbids implicit transfers
-            for step, want in enumerate(expected):
-                if slow_loop:
-                    time.sleep(0.03)
-                _assert_step(next(train), want, step)
-    finally:
-        train.close()
+    # a user's loop that forbids implicit transfers
+    _check_a_loop(monkeypatch, "dp:2,fsdp:2,tp:1,sp:1", slow_loop, jax.transfer_guard("disallow"))
