@@ -46,7 +46,7 @@ def test_the_prefetch_thread_finishes_only_results_left_in_a_full_buffer():
         produce,
         depth=1,
         finish=lambda item: finished.append((item, threading.current_thread())),
-        finish_after=0.05,
+        finish_after=0.5,  # far longer than the waiting consumer takes to wake
     )
     try:
         assert prefetcher.get() == 0  # taken as soon as it was made: never finished
@@ -81,11 +81,42 @@ def test_a_finish_that_raises_ends_the_stream_after_the_buffered_results():
 
     prefetcher = BackgroundPrefetcher(itertools.count().__next__, depth=1, finish=broken_finish)
     try:
+        prefetcher.thread.join(10)  # ended by the broken finish of result 0
+        assert not prefetcher.thread.is_alive()
         assert prefetcher.get() == 0  # buffered before the finish broke
-        with pytest.raises(SystemExit, match="broke its contract"):
-            prefetcher.get()  # raised, not a loop waiting forever
+        for _ in range(2):  # raised, then raised again: a retry does not wait forever
+            with pytest.raises(SystemExit, match="broke its contract"):
+                prefetcher.get()
     finally:
         prefetcher.stop()
+
+
+def test_a_failure_made_ahead_is_raised_once_then_made_again():
+    results = iter([RuntimeError("device out of memory"), {"inputs": 1}])
+
+    def make() -> dict:
+        result = next(results)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    step = StepArrays(make)
+    step.make_ahead()
+    step.make_ahead()  # pending failure: not tried again
+    with pytest.raises(RuntimeError, match="out of memory"):
+        step.get(keep_error=True)  # a peek keeps it for the step's own get
+    with pytest.raises(RuntimeError, match="out of memory"):
+        step.get()
+    assert step.get() == {"inputs": 1} and step.made
+
+
+def test_the_prefetch_thread_skips_a_step_another_thread_is_making():
+    step = StepArrays(lambda: {"inputs": 1})
+    with step._lock:  # the loop is making it
+        step.make_ahead(wait=False)
+    assert not step.made
+    step.make_ahead(wait=False)
+    assert step.made
 
 
 def test_racing_threads_make_each_steps_arrays_once():

@@ -178,13 +178,19 @@ class StepArrays:
         """Whether the arrays exist (`get` will not make them)."""
         return self._make is None
 
-    def get(self) -> dict[str, jax.Array]:
-        """The arrays, made now if no thread has; raises a failure kept from `make_ahead`."""
+    def get(self, keep_error: bool = False) -> dict[str, jax.Array]:
+        """The arrays, made now if no thread has; raises a failure kept from `make_ahead`.
+
+        Args:
+          keep_error: Keep that failure for the step's own `get` (a peek).
+        """
         if self._make is None and self._error is None:
             return self._arrays  # made: `_arrays` is set before `_make` is cleared
         with self._lock:
             if self._error is not None:
-                error, self._error = self._error, None
+                error = self._error
+                if not keep_error:
+                    self._error = None
                 raise error
             if self._make is not None:
                 self._arrays = self._make()
@@ -192,7 +198,7 @@ class StepArrays:
             return self._arrays
 
     def make_ahead(self, wait: bool = True) -> None:
-        """Makes the arrays if no thread has tried yet, keeping a failure for `get`.
+        """Makes the arrays unless they exist or a failure is pending, keeping a failure for `get`.
 
         Args:
           wait: Whether to wait while another thread holds this step (the

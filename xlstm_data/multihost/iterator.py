@@ -480,7 +480,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             if not steps:
                 raise ValueError("the plan has no batch, so the iterator has no element_spec")
             with jax.transfer_guard("allow"):  # see _take_chunk
-                self._element_spec = _spec_of(steps[0].arrays.get())
+                self._element_spec = _spec_of(steps[0].arrays.get(keep_error=True))
         return self._wrap(self._element_spec)
 
     # The datasets ----------------------------------------------------------------

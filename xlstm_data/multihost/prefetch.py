@@ -140,7 +140,8 @@ def _run(
                 room = _wait_for_room(channel, finish, finish_after)
             except BaseException as error:  # noqa: BLE001 - a `finish` that broke its contract
                 with channel.cond:
-                    channel.buffer.append(_Failure(error))  # after the results it has
+                    if not channel.stopping:
+                        channel.buffer.append(_Failure(error))  # after the results it has
                     channel.cond.notify_all()
                 return
             if not room:
@@ -195,7 +196,8 @@ class BackgroundPrefetcher(Generic[T]):
       finish: Called in the thread on each buffered result, oldest first,
         once the buffer has stayed full for `finish_after` seconds (the
         consumer is slower than the producer); it must be safe to run while
-        the consumer takes and uses the same result, and must not raise.
+        the consumer takes and uses the same result, and should not raise:
+        an error it raises ends the stream, after the results buffered.
       finish_after: Seconds the buffer stays full before `finish` is called.
     """
 
@@ -223,7 +225,11 @@ class BackgroundPrefetcher(Generic[T]):
         weakref.finalize(self, self._channel.stop)
 
     def get(self) -> T:
-        """Returns the next result; raises StopIteration at the end of the stream."""
+        """Returns the next result; raises StopIteration at the end of the stream.
+
+        A producer error is raised by this and every later call: the thread
+        has ended, and a retry must not wait for it.
+        """
         channel = self._channel
         with channel.cond:
             channel.cond.wait_for(lambda: channel.buffer or channel.ended or channel.stopping)
@@ -231,13 +237,13 @@ class BackgroundPrefetcher(Generic[T]):
                 if channel.stopping:
                     raise RuntimeError("the prefetcher was stopped")
                 raise StopIteration
-            item = channel.buffer.popleft()
+            item = channel.buffer[0]
+            if isinstance(item, _Failure):  # kept: every later get raises it again
+                raise item.error
+            channel.buffer.popleft()
             channel.finished = max(channel.finished - 1, 0)
-            if not isinstance(item, _Failure):
-                channel.held -= channel.size(item)
+            channel.held -= channel.size(item)
             channel.cond.notify_all()
-        if isinstance(item, _Failure):
-            raise item.error
         return item
 
     def peek(self) -> T | None:
