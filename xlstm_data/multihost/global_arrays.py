@@ -184,17 +184,15 @@ class StepArrays:
         Args:
           keep_error: Keep that failure for the step's own `get` (a peek).
         """
-        if self._make is None and self._error is None:
-            return self._arrays  # made: `_arrays` is set before `_make` is cleared
+        if self._make is None:  # made, which a step with a kept failure never is
+            return self._arrays
         with self._lock:
             if self._error is not None:
                 error = self._error
                 if not keep_error:
                     self._error = None
                 raise error
-            if self._make is not None:
-                self._arrays = self._make()
-                self._make = None
+            self._make_now()
             return self._arrays
 
     def make_ahead(self, wait: bool = True) -> None:
@@ -207,13 +205,18 @@ class StepArrays:
         if not self._lock.acquire(blocking=wait):
             return
         try:
-            if self._make is not None and self._error is None:
-                self._arrays = self._make()
-                self._make = None
+            if self._error is None:
+                self._make_now()
         except Exception as error:  # noqa: BLE001 - raised by this step's get()
             self._error = error
         finally:
             self._lock.release()
+
+    def _make_now(self) -> None:
+        """Makes the arrays unless made (the caller holds the lock)."""
+        if self._make is not None:
+            self._arrays = self._make()
+            self._make = None  # after `_arrays`: `get` reads them without the lock
 
 
 #: Steps sent as pytrees before the pick is compiled (per transfer).

@@ -339,10 +339,10 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         counts = chunk_counts(chunk)
         cursors = chunk["cursor"].tolist()
         data_steps = chunk["data_step"].tolist()
-        device_steps = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())
+        step_arrays = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())
         return [
             _Prefetched(arrays, {"data_step": data_steps[k] + 1, "cursor": cursors[k]}, counts[k])
-            for k, arrays in enumerate(device_steps)
+            for k, arrays in enumerate(step_arrays)
         ]
 
     # Lifecycle -----------------------------------------------------------------
@@ -418,7 +418,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         if item.arrays.made:
             arrays = item.arrays.get()
         else:  # its making failed before (and may raise again): the step stays next
-            with jax.transfer_guard("allow"):
+            with jax.transfer_guard("allow"):  # see _take_chunk
                 arrays = item.arrays.get()
         self._ready.popleft()
         self._moved = True
