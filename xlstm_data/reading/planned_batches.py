@@ -149,7 +149,7 @@ class PlannedBatchDataset(grain.MapDataset):
         both mean the lengths (an edited `lengths.npy`, a stale cache) are
         not those of the documents.
         """
-        got = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+        got = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
         want = np.asarray(self._plan.lengths[source])[documents]
         wrong = np.flatnonzero(got != want)
         if wrong.size:
@@ -233,18 +233,26 @@ class PlannedBatchDataset(grain.MapDataset):
             eod_token_id=self._eod,
             empty=None if self._blocks is None else self._blocks.empty,
         )
+        # Each step's counts, from its pieces: one bincount over the chunk's.
         sources = len(spec.names)
+        step_of_piece = np.repeat(
+            np.arange(len(parts)), [len(part.source) for part in parts]
+        ).astype(np.int64)
+        continued = (pieces.start > 0).astype(np.int64)
         return {
             "fields": block if self._blocks is None else self._blocks.ref(block),
-            "rows": np.array([pieces.rows for pieces in parts], dtype=np.int64),
+            "rows": np.array([part.rows for part in parts], dtype=np.int64),
             "data_step": np.array(steps, dtype=np.int64),
-            "piece_counts": np.array(
-                [[np.count_nonzero(p.start == 0), np.count_nonzero(p.start > 0)] for p in parts],
-                dtype=np.int64,
+            "piece_counts": np.bincount(
+                2 * step_of_piece + continued, minlength=2 * len(parts)
             ).reshape(len(parts), 2),
-            "source_tokens": np.stack(
-                [np.bincount(p.source, weights=p.stop - p.start, minlength=sources) for p in parts]
-            ).astype(np.int64),
+            "source_tokens": np.bincount(
+                sources * step_of_piece + pieces.source,
+                weights=pieces.stop - pieces.start,
+                minlength=sources * len(parts),
+            )
+            .reshape(len(parts), sources)
+            .astype(np.int64),
             "cursor": np.array(cursors, dtype=np.int64),
             "row_tokens": pieces.row_tokens(),
         }
