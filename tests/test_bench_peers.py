@@ -9,12 +9,13 @@ prepared corpus in a subprocess, as in a real run.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
 from bench import common
 from bench.peers import __main__ as cli
-from bench.peers import corpus, harness, runner_util
+from bench.peers import corpus, harness, run_ours, runner_util
 
 
 def test_rotation_pairs_and_summary():
@@ -178,3 +179,32 @@ def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
     # Ours was read from the directory our prepare wrote.
     web = harness.Settings.create(tiny=True, docs=300).specs()["web"]
     assert corpus.is_done(corpus.corpus_dir(web) / "ours")
+
+
+def test_target6_pairs_windows_of_both_paths_in_one_process(tmp_path, monkeypatch):
+    """The `target6` group: one process a round per worker count, its windows' median ratio."""
+    monkeypatch.setenv(common.CACHE_ENV, str(tmp_path / "cache"))
+    settings = harness.Settings.create(tiny=True, docs=300)
+    ran = []
+
+    def fake_run(runner, task, **kwargs):
+        ran.append((runner, task["task"], task["workers"]))
+        return {
+            "ratio": 0.8 + task["workers"] / 10,
+            "tokens_per_sec": 1.0,
+            "host_tokens_per_sec": 1.1,
+        }
+
+    result = harness.measure(settings, run=fake_run, groups=["target6"], peers=())
+    assert sorted(ran) == [("ours", "paired", 0)] * 2 + [("ours", "paired", 1)] * 2
+    assert result["ratios"]["target6 whole_w0/host"]["median"] == pytest.approx(0.8)
+    found = {t["metric"]: t["met"] for t in result["targets"]}
+    assert found == {"target6 whole_w0/host": False, "target6 whole_w1/host": True}
+
+    # The runner's own task, in this process: each window of the whole iterator
+    # is paired with one of the host pipeline, and both count real tokens.
+    (task, _) = (s.task for s in harness.paired_subjects(settings))
+    result = run_ours.paired(dict(task, warmup=2))
+    assert len(result["ratios"]) == task["windows"] == 2
+    assert result["tokens_per_sec"] > 0 and result["host_tokens_per_sec"] > 0
+    assert result["ratio"] == pytest.approx(statistics.median(result["ratios"]))

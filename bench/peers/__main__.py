@@ -50,8 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--groups",
-        default="w0,mixture,w2,cold_start,prepare",
-        help="comma-separated groups to run (w0, mixture, w2, cold_start, prepare)",
+        default="w0,mixture,w2,target6,cold_start,prepare",
+        help="comma-separated groups to run (w0, mixture, w2, target6, cold_start, prepare)",
     )
     parser.add_argument(
         "--profile",

@@ -518,6 +518,35 @@ def throughput_subjects(
     return subjects
 
 
+#: Target 6's paired runs: steps per window, and windows per process.
+PAIRED_WINDOW, PAIRED_WINDOWS = 1500, 10
+
+
+def paired_subjects(settings: Settings) -> list[Subject]:
+    """Target 6 measured in one process per round (`run_ours.paired`), at 0 and 1 worker.
+
+    Each round is one process that alternates windows of the host pipeline
+    and of the whole iterator; its ratio is the median of its windows' ratios.
+    """
+    web = settings.specs()["web"]
+    window = 10 if settings.tiny else PAIRED_WINDOW
+    windows = 2 if settings.tiny else PAIRED_WINDOWS
+    task = {
+        "task": "paired",
+        "sources": {"web": {"dir": str(corpus.write_ours(web))}},
+        "packing": "best_fit",
+        "seq_len": settings.seq_len,
+        "batch_size": settings.batch_size,
+        "window": window,
+        "windows": windows,
+        "warmup_secs": settings.worker_warmup_secs,
+    }
+    return [
+        Subject(f"whole_w{workers}", "ours", dict(task, workers=workers, warmup=settings.warmup))
+        for workers in (0, 1)
+    ]
+
+
 def mixture_subjects(settings: Settings, missing: Mapping[str, str], cache: Path) -> list[Subject]:
     specs = settings.specs()
     timing = {"warmup": settings.warmup, "timed": settings.timed}
@@ -658,7 +687,7 @@ def measure(
     settings: Settings,
     *,
     run: Callable[..., dict[str, Any]] = run_runner,
-    groups: Sequence[str] = ("w0", "mixture", "w2", "cold_start", "prepare"),
+    groups: Sequence[str] = ("w0", "mixture", "w2", "target6", "cold_start", "prepare"),
     peers: Sequence[str] = tuple(PEERS),
 ) -> dict[str, Any]:
     """Every group's rounds; returns the raw results, ratios, targets and missing peers."""
@@ -745,6 +774,19 @@ def measure(
                             "file_mb",
                         )
                     }
+            elif group == "target6":
+                subjects = paired_subjects(settings)
+                results = run_rounds(subjects, settings.rounds, missing, failures, run, group)
+                ratios = {
+                    f"{s.label}/host": summarize(
+                        [v for v in column(results[s.label], "ratio") if v is not None]
+                    )
+                    for s in subjects
+                }
+                figures = {
+                    "tokens_per_sec": _per_subject(results, "tokens_per_sec"),
+                    "host_tokens_per_sec": _per_subject(results, "host_tokens_per_sec"),
+                }
             elif group == "prepare":
                 web = settings.specs()["web"]
                 docs = corpus.write_documents(web)
@@ -884,6 +926,14 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
             0.9,
             f"whole iterator, best_fit, {workers}: within 10 % of the host pipeline "
             "(0 workers, this process)",
+        )
+    for workers in (0, 1):
+        add(
+            f"target6 whole_w{workers}/host",
+            ">=",
+            0.9,
+            f"whole iterator, best_fit, {workers} worker{'s' * (workers != 1)}: within 10 % of "
+            "the host pipeline (paired windows in one process)",
         )
     add("prepare ours/megatron", ">=", 1.0, "prepare tokens/s >= IndexedDatasetBuilder's")
     return found

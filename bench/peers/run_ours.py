@@ -8,7 +8,8 @@ CPU device, as a training loop gets them; tokens from the iterator's own
 instead (numpy batches before the device copy; tokens from each
 element's `source_tokens`, the count the iterator's counters add up), to
 show what the copy and the prefetch thread cost; `path="one_thread"` the
-iterator's chunks and device arrays made in the calling thread.
+iterator's chunks and device arrays made in the calling thread. `paired`
+alternates the host pipeline and the whole iterator in one process (target 6).
 
     python -m bench.peers.run_ours TASK_JSON
 """
@@ -20,6 +21,7 @@ import time
 _STARTED = time.perf_counter()
 
 import os  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -111,6 +113,47 @@ def throughput(task: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def paired(task: dict[str, Any]) -> dict[str, Any]:
+    """Target 6 in one process: the host pipeline and the whole iterator, window after window.
+
+    Runs timed minutes apart in separate processes met this VM in different
+    phases, so their ratios spread from 0.3 to 0.9 over the rounds of one run
+    and hid changes of 10 %. Here each window of the whole iterator is paired
+    with a window of the host pipeline next to it (the order alternating), so
+    both see the same phase; the ratio of a pair is the whole iterator's
+    tokens/s over the host pipeline's.
+    """
+    host_train = build(dict(task, workers=0))
+    whole_train = build(task)
+    try:
+        subjects = {"host": _host_batches(host_train), "whole": _iterator_batches(whole_train)}
+        for batches in subjects.values():
+            next(batches)  # the first batch (workers start) and the pick's compile
+        if task.get("workers"):
+            time.sleep(task.get("warmup_secs", 0.0))
+        for batches in subjects.values():
+            for _ in range(task["warmup"]):
+                next(batches)
+        rates: dict[str, list[float]] = {"host": [], "whole": []}
+        for window in range(task["windows"]):
+            order = ("host", "whole") if window % 2 == 0 else ("whole", "host")
+            for name in order:
+                batches = subjects[name]
+                began = time.perf_counter()
+                tokens = sum(next(batches) for _ in range(task["window"]))
+                rates[name].append(tokens / (time.perf_counter() - began))
+    finally:
+        host_train.close()
+        whole_train.close()
+    ratios = [w / h for w, h in zip(rates["whole"], rates["host"], strict=True)]
+    return {
+        "ratios": ratios,
+        "ratio": statistics.median(ratios),
+        "tokens_per_sec": statistics.median(rates["whole"]),
+        "host_tokens_per_sec": statistics.median(rates["host"]),
+    }
+
+
 def cold_start(task: dict[str, Any]) -> dict[str, Any]:
     """From nothing built to the first batch, in this fresh process.
 
@@ -151,7 +194,12 @@ def prepare(task: dict[str, Any]) -> dict[str, Any]:
     return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
 
 
-TASKS = {"throughput": throughput, "cold_start": cold_start, "prepare": prepare}
+TASKS = {
+    "throughput": throughput,
+    "paired": paired,
+    "cold_start": cold_start,
+    "prepare": prepare,
+}
 
 
 def main() -> None:
