@@ -184,21 +184,17 @@ def test_sigkilled_run_resumes_on_exactly_the_next_batch(tmp_path, uninterrupted
     assert any("eval/held_out/loss" in m for m in metrics)
 
     # A new mixture stage from the checkpoint's step on changes no trained row (stages are
-    # causal): accepted as it is, far ahead or right after the checkpoint.
+    # causal): accepted as it is, here right after the checkpoint (a stage added at any
+    # later step is accepted alike: test_data_control checks that it equals a run that had it).
     stages = "[0, {'long': 0.7, 'short': 0.3}], [%s, {'long': 0.2, 'short': 0.8}], "
     stages += "[%s, {'long': 0.5, 'short': 0.5}]"
-    far = f"--config.data.mixture_schedule=[{stages % (5, 100000)}]"
-    wait_all(launch(resumed, 1, "--config.num_train_steps=32", far))
+    near = f"--config.data.mixture_schedule=[{stages % (5, 31)}]"
+    wait_all(launch(resumed, 1, "--config.num_train_steps=32", near))
     assert records(resumed)[-1]["step"] == 32
-    near_dir = tmp_path / "near"
-    shutil.copytree(resumed, near_dir)
-    near = ["--config.num_train_steps=34", f"--config.data.mixture_schedule=[{stages % (5, 33)}]"]
-    wait_all(launch(near_dir, 1, *near))
-    assert [r["step"] for r in records(near_dir)[-2:]] == [33, 34]
     # Moving an already-trained stage is refused, naming the key and the step...
     moved = [
         "--config.num_train_steps=34",
-        f"--config.data.mixture_schedule=[{stages % (6, 100000)}]",
+        f"--config.data.mixture_schedule=[{stages % (6, 31)}]",
     ]
     output = wait_all(launch(resumed, 1, *moved), expect=1)
     assert "data.mixture_schedule: [[0, " in output
