@@ -15,11 +15,12 @@ import itertools
 
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tests.test_planned_iterator import DATA  # a mixture with a ramp-up at step 3
 from xlstm_data import create_mesh, iterators_from_config
 from xlstm_data.multihost import global_arrays
-from xlstm_data.reading.row_assembly import fields_of
+from xlstm_data.reading.row_assembly import aligned_empty, fields_of
 
 STEPS = 20  # a chunk of 8 steps split by the ramp-up, then whole ones
 
@@ -88,3 +89,127 @@ def test_the_host_pipeline_iterated_again_starts_again_at_its_first_step():
                     np.testing.assert_array_equal(got[key], want[key], err_msg=f"{step} {key}")
     finally:
         train.close()
+
+
+# A chunk lent from a worker's shared-memory slot (`SlotRing.lease`) ------------------
+
+NAMES = ("inputs", "targets", "inputs_position")
+LENT_STEPS, LENT_ROWS, LENT_LENGTH = 4, 8, 16
+
+
+def _lent_chunk() -> tuple[global_arrays.ChunkTransfer, np.ndarray]:
+    mesh = create_mesh("dp:4,fsdp:1,tp:1,sp:1")
+    sharding = NamedSharding(mesh, PartitionSpec(("dp", "fsdp")))
+    transfer = global_arrays.ChunkTransfer(NAMES, sharding, 1, LENT_STEPS)
+    block = aligned_empty((len(NAMES), LENT_STEPS * LENT_ROWS, LENT_LENGTH), np.int32)
+    block[...] = np.random.default_rng(0).integers(0, 1000, block.shape)
+    return transfer, block
+
+
+def _check_steps(steps, expected: np.ndarray) -> None:
+    for k, step in enumerate(steps):
+        rows = expected[:, k * LENT_ROWS : (k + 1) * LENT_ROWS]
+        for i, name in enumerate(NAMES):
+            np.testing.assert_array_equal(np.asarray(step.get()[name]), rows[i])
+
+
+def test_a_lent_chunk_is_released_after_its_last_pick_and_no_array_reads_it_then(monkeypatch):
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    transfer, block = _lent_chunk()
+    expected = block.copy()
+    released = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    for k in (2, 0, 3):  # in any order, by any thread
+        steps[k].get()
+    assert released == []  # step 1's pick has not read the slot yet
+    steps[1].get()
+    assert released == [1]
+    block[...] = -1  # the worker writes its slot again
+    _check_steps(steps, expected)
+    assert released == [1]
+
+
+def test_a_failed_pick_keeps_a_lent_chunk_until_its_retry_has_read_it(monkeypatch):
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    calls = itertools.count()
+    compiled = global_arrays._compiled_pick
+
+    def flaky_compile(*key):
+        pick = compiled(*key)
+
+        def flaky(chunk, index):
+            if next(calls) == 1:
+                raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+            return pick(chunk, index)
+
+        return flaky
+
+    monkeypatch.setattr(global_arrays, "_compiled_pick", flaky_compile)
+    transfer, block = _lent_chunk()
+    expected = block.copy()
+    released = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    steps[0].get()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        steps[1].get()
+    steps[2].get()
+    steps[3].get()
+    assert released == []  # step 1 must still read the slot
+    steps[1].get()
+    assert released == [1]
+    block[...] = -1
+    _check_steps(steps, expected)
+
+
+@pytest.mark.parametrize("path", ["pytree", "accelerator"])
+def test_a_lent_chunk_not_picked_in_place_is_copied_and_released_at_once(monkeypatch, path):
+    """A pytree transfer on CPU would alias the slot; an accelerator's chunk put is not awaited."""
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 10**6 if path == "pytree" else 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    if path == "accelerator":
+        monkeypatch.setattr(global_arrays, "picks_read_host_chunks", lambda sharding: False)
+    transfer, block = _lent_chunk()
+    expected = block.copy()
+    released = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    assert released == [1]
+    block[...] = -1
+    _check_steps(steps, expected)
+
+
+def test_a_pick_that_fails_while_waited_for_keeps_a_lent_chunk_for_its_retry(monkeypatch):
+    """The last pick waits for the chunk's outputs; an error there is its step's, retried."""
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+
+    class FailsWhenWaitedFor:
+        def block_until_ready(self):
+            raise RuntimeError("INTERNAL: the copy failed")
+
+    calls = itertools.count()
+    compiled = global_arrays._compiled_pick
+
+    def failing_once(*key):
+        pick = compiled(*key)
+        return lambda chunk, index: (
+            {name: FailsWhenWaitedFor() for name in NAMES}
+            if next(calls) == LENT_STEPS - 1
+            else pick(chunk, index)
+        )
+
+    monkeypatch.setattr(global_arrays, "_compiled_pick", failing_once)
+    transfer, block = _lent_chunk()
+    expected = block.copy()
+    released = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    for step in steps[:-1]:
+        step.get()
+    with pytest.raises(RuntimeError, match="the copy failed"):
+        steps[-1].get()
+    assert released == []
+    steps[-1].get()
+    assert released == [1]
+    block[...] = -1
+    _check_steps(steps, expected)

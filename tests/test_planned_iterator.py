@@ -5,11 +5,14 @@ Run in this process with 4 CPU devices (conftest); worker processes are real.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from xlstm_data import create_mesh, iterators_from_config
 from xlstm_data.errors import DataCheckpointError, DataConfigError
+from xlstm_data.multihost import global_arrays, shared_slots
 from xlstm_data.plan.global_plan import HostPlanner
 
 DATA = {
@@ -275,3 +278,49 @@ def test_workers_hand_over_chunks_of_steps_that_are_the_inline_steps():
         _assert_same([_host(batch) for batch in resumed], expected[13:])
     finally:
         resumed.close()
+
+
+def test_a_workers_chunk_is_picked_from_its_slot_and_no_batch_aliases_the_slot(monkeypatch):
+    """Past the pytree steps, each step is picked from the worker's slot itself (no copy).
+
+    Every batch is kept as device arrays until the end, while the worker
+    rewrites its slots many times: a batch still reading a slot would differ
+    from the inline run's.
+    """
+    data = {
+        "train": {"a": {"kind": "synthetic", "num_documents": 2000, "mean_length": 80}},
+        "global_batch_size": 8,
+        "max_target_length": 64,
+        "worker_buffer_size": 1,
+    }
+    steps = global_arrays.PYTREE_STEPS + 40
+    picked_in_place = []
+    pick = global_arrays._ReleasedWhenPicked.pick  # noqa: SLF001
+
+    def counted(self, *args):
+        picked_in_place.append(1)
+        return pick(self, *args)
+
+    monkeypatch.setattr(global_arrays._ReleasedWhenPicked, "pick", counted)  # noqa: SLF001
+    lent = []
+    lease = shared_slots.SlotRing.lease
+    monkeypatch.setattr(
+        shared_slots.SlotRing, "lease", lambda ring, element: lent.append(1) or lease(ring, element)
+    )
+    mesh = create_mesh()
+    with_workers, _ = iterators_from_config({**data, "worker_count": 1}, mesh)
+    try:
+        batches = [next(with_workers)]
+        deadline = time.monotonic() + 60  # until the worker's first chunk is there
+        while not lent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lent, "the worker sent no chunk within 60 s"
+        batches += [next(with_workers) for _ in range(steps - 1)]
+    finally:
+        with_workers.close()
+    assert len(picked_in_place) >= 24  # the chunks after the pytree steps
+    inline, _ = iterators_from_config(data, mesh)
+    try:
+        _assert_same([_host(batch) for batch in batches], _take(inline, steps))
+    finally:
+        inline.close()

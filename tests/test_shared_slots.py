@@ -76,6 +76,32 @@ def test_a_worker_waits_for_its_next_slot_until_the_main_process_frees_it(as_wor
         ring.close()
 
 
+def test_a_lent_slot_is_the_slot_itself_and_stays_full_until_released(as_worker_1):
+    ring = SlotRing(workers=2, slots=2, slot_bytes=7 * 4 * 32 * 4)
+    writer = ring.writer
+    try:
+        lent = [ring.lease(_element(writer, value)) for value in (1, 2)]
+        for value, element in enumerate(lent, start=1):
+            assert (element["fields"] == value).all() and element["rows"].tolist() == [4]
+            assert element["fields"].ctypes.data % 64 == 0  # a CPU device reads it in place
+        assert np.shares_memory(lent[0]["fields"], ring._views[1][1])  # noqa: SLF001 - no copy
+        third: list[dict] = []
+        waiting = threading.Thread(target=lambda: third.append(_element(writer, 3)))
+        waiting.start()
+        time.sleep(0.2)
+        assert waiting.is_alive()  # both slots are lent: the worker waits
+        lent[0][shared_slots.RELEASE]()
+        waiting.join(5)
+        assert not waiting.is_alive()
+        assert (lent[0]["fields"] == 3).all()  # released: the worker wrote its slot again
+        assert (lent[1]["fields"] == 2).all()
+        lent[1][shared_slots.RELEASE]()
+        assert (ring.take(third[0])["fields"] == 3).all()
+    finally:
+        ring.close()
+    lent[1][shared_slots.RELEASE]()  # after close: nothing to free, no error
+
+
 def test_close_releases_a_waiting_worker_and_unlinks_the_segments(as_worker_1):
     ring = SlotRing(workers=2, slots=1, slot_bytes=7 * 4 * 32 * 4)
     names = ring.writer._names

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
 
+from xlstm_data.multihost.shared_slots import RELEASE
 from xlstm_data.multihost.worker_handover import WorkerHandover
 
 STEPS = 40
@@ -103,3 +105,38 @@ def test_workers_slower_than_this_process_still_take_over():
 def test_workers_from_needs_elements_served_in_process():
     with pytest.raises(ValueError, match="workers_from"):
         WorkerHandover(None, SlowWorkers(0, threading.Event()), workers_from=3)
+
+
+class LendingWorkers(SlowWorkers):
+    """Workers whose elements are lent slots (`SlotRing.lease`): each must be released once."""
+
+    def __init__(self, first: int, ready: threading.Event):
+        super().__init__(first, ready)
+        self.released: list[int] = []
+
+    def __iter__(self):
+        for origin, index in super().__iter__():
+            yield {"step": (origin, index), RELEASE: functools.partial(self.released.append, index)}
+
+
+@pytest.mark.parametrize("ready_after", [3, 11, 39])
+def test_a_dropped_chunk_frees_its_lent_slot(ready_after):
+    """Chunks the workers made for steps served here are dropped, and their slots freed.
+
+    A slot left full would stop its worker for good once it came round to it.
+    """
+    ready = threading.Event()
+    workers = LendingWorkers(first=3, ready=ready)
+    handover = WorkerHandover(_in_process(), workers, workers_from=3)
+    got = []
+    try:
+        for _ in range(ready_after):
+            got.append(next(handover))
+        ready.set()
+        handover._first.result(10)
+        got.extend(handover)
+    finally:
+        handover.close()
+    served = [e["step"][1] for e in got if isinstance(e, dict)]
+    assert sorted(workers.released) == list(range(3, ready_after))  # exactly the dropped ones
+    assert not set(workers.released) & set(served)

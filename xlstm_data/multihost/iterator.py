@@ -49,7 +49,7 @@ from xlstm_data.multihost.plan_state import (
 )
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.multihost.resources import IteratorClosedError, IteratorResources
-from xlstm_data.multihost.shared_slots import SHM_DIR, SlotRing, slots_that_fit
+from xlstm_data.multihost.shared_slots import RELEASE, SHM_DIR, SlotRing, slots_that_fit
 from xlstm_data.multihost.worker_handover import WorkerHandover
 from xlstm_data.multihost.workers import prefetch_in_workers
 from xlstm_data.plan.global_plan import Cursor, GlobalPlan
@@ -254,7 +254,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
             later = PlannedChunkDataset(self._planned(later_step, cursor, blocks), per_chunk)
             workers = prefetch_in_workers(later.to_iter_dataset(read), options)
             if ring is not None:
-                workers = workers.map(ring.take)
+                workers = workers.map(ring.lease)  # released by `_steps_of`'s transfer
             in_process = iter(chunks.to_iter_dataset(read))
         except BaseException:  # refused (a script without the main guard): nothing is left
             if ring is not None:
@@ -267,9 +267,10 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
         A worker's chunks in flight: the one it assembles, its queue
         (`worker_buffer_size`), the one grain's reader thread here holds, that
-        thread's buffer (`worker_buffer_size` again) and the one being copied
-        out. At most `SLOT_BYTES_PER_WORKER` per worker (but never fewer than
-        2 slots), and at most half of the free shared memory
+        thread's buffer (`worker_buffer_size` again), and the two lent to the
+        prefetch thread and the loop until their steps are picked
+        (`SlotRing.lease`). At most `SLOT_BYTES_PER_WORKER` per worker (but
+        never fewer than 2 slots), and at most half of the free shared memory
         (`slots_that_fit`): with fewer slots than that a worker waits for the
         oldest to be read. None where not even 2 fit (a small `/dev/shm`):
         grain then sends each chunk through a new segment, as it sends any
@@ -277,7 +278,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         """
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
         block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
-        in_flight = 2 * self._worker_buffer_size + 3
+        in_flight = 2 * self._worker_buffer_size + 4
         wanted = max(2, min(in_flight, SLOT_BYTES_PER_WORKER // block_bytes))
         slots = slots_that_fit(self.worker_count, wanted, block_bytes)
         if not slots:
@@ -339,7 +340,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         counts = chunk_counts(chunk)
         cursors = chunk["cursor"].tolist()
         data_steps = chunk["data_step"].tolist()
-        step_arrays = self._transfer.steps(chunk["fields"], chunk["rows"].tolist())
+        step_arrays = self._transfer.steps(
+            chunk["fields"], chunk["rows"].tolist(), release=chunk.get(RELEASE)
+        )
         return [
             _Prefetched(arrays, {"data_step": data_steps[k] + 1, "cursor": cursors[k]}, counts[k])
             for k, arrays in enumerate(step_arrays)

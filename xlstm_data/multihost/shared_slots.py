@@ -15,17 +15,20 @@ has no public way to send into memory the worker already holds, hence this
 module. A worker assembles a chunk straight into its next free slot
 (`SlotWriter.empty`) and sends a `SlotRef` in its place (`SlotWriter.ref`),
 a few bytes through grain's pipe; the main process copies the slot out on
-arrival and marks it free (`SlotRing.take`). A worker whose next slot is
-still full waits for it, so a slot is never written while the main process
-reads it. A pipeline being closed first releases any waiting
-worker (`SlotRing.release_waiting`: it must get back to grain's stop
-request), and unlinks the segments, which belong to the main process, once
+arrival and marks it free (`SlotRing.take`), or lends the slot itself to
+the consumer until it has read it (`SlotRing.lease`: the iterator's picks
+read it in place). A worker whose next slot is still full waits for it, so
+a slot is never written while the main process reads it. A pipeline being
+closed first releases any waiting worker (`SlotRing.release_waiting`: it
+must get back to grain's stop request), and unlinks the segments, which
+belong to the main process, once
 the workers are gone (`SlotRing.close`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import mmap
 import os
@@ -49,6 +52,9 @@ _MAX_WAIT_S = 0.005
 #: inside the second: a release then an acquire keep the copy's reads before
 #: the free on machines that reorder loads and stores (ARM), not only on x86.
 _FENCE = threading.Lock()
+
+#: The entry of a leased element (`SlotRing.lease`) that frees its slot.
+RELEASE = "release_slot"
 
 #: This worker's index among its pipeline's workers (`enter_worker`), or None.
 _worker_index: int | None = None
@@ -207,7 +213,7 @@ def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
 
 
 class SlotRing:
-    """The main process's side: owns the segments and copies slots out.
+    """The main process's side: owns the segments, and copies or lends slots out.
 
     Args:
       workers: Worker processes of the pipeline, a segment each.
@@ -233,20 +239,43 @@ class SlotRing:
 
     def take(self, element: Any) -> Any:
         """`element` with its `SlotRef` (`"fields"`) replaced by a copy, the slot freed."""
+        leased = self.lease(element)
+        if leased is element:
+            return element
+        copied = {**leased, "fields": aligned_copy(leased["fields"])}
+        del copied[RELEASE]
+        leased[RELEASE]()
+        return copied
+
+    def lease(self, element: Any) -> Any:
+        """`element` with its `SlotRef` (`"fields"`) replaced by a view of the slot itself.
+
+        The slot stays full, so its worker does not write it, until the
+        element's `RELEASE` entry is called (once) by whoever read the view
+        last: the view must not be read after that. A consumer that keeps the
+        block longer copies it first (`take`).
+        """
         if not isinstance(element, dict) or not isinstance(element.get("fields"), SlotRef):
             return element
         if self._closed:
             raise RuntimeError("a chunk arrived from a pipeline already closed")
         ref: SlotRef = element["fields"]
-        states, data = self._views[ref.worker]
+        data = self._views[ref.worker][1]
         dtype = np.dtype(ref.dtype)
         size = math.prod(ref.shape) * dtype.itemsize
-        block = aligned_copy(data[ref.slot, :size].view(dtype).reshape(ref.shape))
-        with _FENCE:  # the copy's reads finish before the worker may write again
+        view = data[ref.slot, :size].view(dtype).reshape(ref.shape)
+        return {**element, "fields": view, RELEASE: functools.partial(self._free, ref)}
+
+    def _free(self, ref: SlotRef) -> None:
+        """Marks `ref`'s slot free for its worker (nothing once the ring is closed)."""
+        views = self._views  # held here, the segment stays mapped while it is written
+        if self._closed or not views:
+            return
+        states = views[ref.worker][0]
+        with _FENCE:  # the view's reads finish before the worker may write again
             pass
         with _FENCE:
             states[_HEADER_INTS + ref.slot] = _FREE
-        return {**element, "fields": block}
 
     def release_waiting(self) -> None:
         """Lets every worker write without waiting (its chunks will not be read)."""

@@ -34,7 +34,7 @@ from typing import Any
 from absl import logging
 
 from xlstm_data.multihost.prefetch import block_job_signals
-from xlstm_data.multihost.shared_slots import SlotRing
+from xlstm_data.multihost.shared_slots import RELEASE, SlotRing
 
 
 class WorkerHandover:
@@ -99,6 +99,7 @@ class WorkerHandover:
         index, element = self._workers_from, next(self._workers)
         self._workers_up.set()
         while index < self._served and not self._closing:  # `_served` only grows
+            _drop(element)
             index, element = index + 1, next(self._workers)
         return index, element
 
@@ -138,6 +139,7 @@ class WorkerHandover:
             index, element = first.result()  # raises what the workers raised
             dropped = index - self._workers_from
             while index < self._served:  # served here since the helper caught up
+                _drop(element)
                 index, element = index + 1, next(self._workers)
                 dropped += 1
             if dropped:
@@ -192,3 +194,14 @@ class WorkerHandover:
         if close is not None:
             close()
         self._in_process = None
+
+
+def _drop(element: Any) -> None:
+    """Lets an element go unused: a slot it was lent (`SlotRing.lease`) is freed.
+
+    A dropped chunk's slot left full would make its worker wait for it
+    forever once the worker came round to it again.
+    """
+    release = element.get(RELEASE) if isinstance(element, dict) else None
+    if release is not None:
+        release()
