@@ -21,8 +21,7 @@ read it in place). A worker whose next slot is still full waits for it, so
 a slot is never written while the main process reads it. A pipeline being
 closed first releases any waiting worker (`SlotRing.release_waiting`: it
 must get back to grain's stop request), and unlinks the segments, which
-belong to the main process, once
-the workers are gone (`SlotRing.close`).
+belong to the main process, once the workers are gone (`SlotRing.close`).
 """
 
 from __future__ import annotations
