@@ -32,11 +32,11 @@ def _in_process():
     return iter(("here", index) for index in range(STEPS))
 
 
-@pytest.mark.parametrize("ready_after", [0, 3, 11, 39])
-def test_steps_are_served_here_until_the_workers_first_chunk_is_there(ready_after):
-    """Whenever the workers become ready, every element comes once and in order."""
-    ready = threading.Event()
-    workers = SlowWorkers(first=3, ready=ready)
+def _served(workers: SlowWorkers, ready: threading.Event, ready_after: int) -> tuple[list, int]:
+    """Every element of a handover whose workers get ready after `ready_after` were served here.
+
+    Returns them, and the index of the workers' first element (after the helper's drops).
+    """
     handover = WorkerHandover(_in_process(), workers, workers_from=3)
     got = []
     try:
@@ -44,10 +44,19 @@ def test_steps_are_served_here_until_the_workers_first_chunk_is_there(ready_afte
             got.append(next(handover))
         ready.set()
         index, _ = handover._first.result(10)  # the workers' first element is there
-        assert index == max(ready_after, 3)  # the helper dropped what was served here
         got.extend(handover)
     finally:
         handover.close()
+    return got, index
+
+
+@pytest.mark.parametrize("ready_after", [0, 3, 11, 39])
+def test_steps_are_served_here_until_the_workers_first_chunk_is_there(ready_after):
+    """Whenever the workers become ready, every element comes once and in order."""
+    ready = threading.Event()
+    workers = SlowWorkers(first=3, ready=ready)
+    got, index = _served(workers, ready, ready_after)
+    assert index == max(ready_after, 3)  # the helper dropped what was served here
     assert [index for _, index in got] == list(range(STEPS))
     here = max(ready_after, 3)
     assert {origin for origin, _ in got[:here]} == {"here"}
@@ -127,16 +136,7 @@ def test_a_dropped_chunk_frees_its_lent_slot(ready_after):
     """
     ready = threading.Event()
     workers = LendingWorkers(first=3, ready=ready)
-    handover = WorkerHandover(_in_process(), workers, workers_from=3)
-    got = []
-    try:
-        for _ in range(ready_after):
-            got.append(next(handover))
-        ready.set()
-        handover._first.result(10)
-        got.extend(handover)
-    finally:
-        handover.close()
+    got, _ = _served(workers, ready, ready_after)
     served = [e["step"][1] for e in got if isinstance(e, dict)]
     assert sorted(workers.released) == list(range(3, ready_after))  # exactly the dropped ones
     assert not set(workers.released) & set(served)
