@@ -180,7 +180,7 @@ def test_a_lent_chunk_not_picked_in_place_is_copied_and_released_at_once(monkeyp
 
 
 def test_a_pick_that_fails_while_waited_for_keeps_a_lent_chunk_for_its_retry(monkeypatch):
-    """The last pick waits for the chunk's outputs; an error there is its step's, retried."""
+    """Each pick waits for its own outputs; an error there is its step's, and it is retried."""
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
     monkeypatch.setattr(global_arrays, "_PICKS", {})
 
@@ -213,3 +213,50 @@ def test_a_pick_that_fails_while_waited_for_keeps_a_lent_chunk_for_its_retry(mon
     assert released == [1]
     block[...] = -1
     _check_steps(steps, expected)
+
+
+def test_a_step_picked_but_lost_gets_its_arrays_again_not_the_rewritten_slot(monkeypatch):
+    """An interrupt after a step's pick but before its `StepArrays` kept the arrays."""
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    transfer, block = _lent_chunk()
+    expected = block.copy()
+    released = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    for step in steps[:-1]:
+        step.get()
+    steps[-1]._make()  # noqa: SLF001 - picked and counted, then lost
+    assert released == [1]
+    block[...] = -1  # the worker writes the freed slot
+    _check_steps(steps, expected)
+
+
+def test_a_retry_does_not_wait_for_arrays_the_loop_already_donated(monkeypatch):
+    """Only a step's own outputs are waited for, before anyone holds them."""
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    calls = itertools.count()
+    compiled = global_arrays._compiled_pick
+
+    def failing_once(*key):
+        pick = compiled(*key)
+
+        def flaky(chunk, index):
+            if next(calls) == 1:
+                raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+            return pick(chunk, index)
+
+        return flaky
+
+    monkeypatch.setattr(global_arrays, "_compiled_pick", failing_once)
+    transfer, block = _lent_chunk()
+    released = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    for array in steps[0].get().values():
+        array.delete()  # as a train step that donates its batch
+    with pytest.raises(RuntimeError, match="out of memory"):
+        steps[1].get()
+    steps[2].get()
+    steps[3].get()
+    steps[1].get()  # the retry is the last pick: it waits for its own outputs only
+    assert released == [1]

@@ -337,12 +337,17 @@ class PlannedDataIterator(clu.data.DatasetIterator):
 
     def _steps_of(self, chunk: Mapping[str, np.ndarray]) -> list[_Prefetched]:
         """A chunk's steps, ready to be made on the devices, with their positions and counts."""
-        counts = chunk_counts(chunk)
-        cursors = chunk["cursor"].tolist()
-        data_steps = chunk["data_step"].tolist()
-        step_arrays = self._transfer.steps(
-            chunk["fields"], chunk["rows"].tolist(), release=chunk.get(RELEASE)
-        )
+        release = chunk.get(RELEASE)  # a worker's slot, lent until its steps are picked
+        try:
+            counts = chunk_counts(chunk)
+            cursors = chunk["cursor"].tolist()
+            data_steps = chunk["data_step"].tolist()
+            rows = chunk["rows"].tolist()
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        step_arrays = self._transfer.steps(chunk["fields"], rows, release=release)
         return [
             _Prefetched(arrays, {"data_step": data_steps[k] + 1, "cursor": cursors[k]}, counts[k])
             for k, arrays in enumerate(step_arrays)

@@ -160,7 +160,7 @@ def _wait_free(states: np.ndarray, slot: int) -> None:
         wait = min(2 * wait, _MAX_WAIT_S)
 
 
-def _attach(name: str) -> mmap.mmap:
+def _attach(name: str, reserve: bool = True) -> mmap.mmap:
     """Maps the main process's segment `name`, its pages reserved, leaving the resource tracker out.
 
     A segment is sized by `ftruncate` but its pages are taken on first
@@ -181,7 +181,7 @@ def _attach(name: str) -> mmap.mmap:
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
         size = os.fstat(fd).st_size
-        if hasattr(os, "posix_fallocate"):
+        if reserve and hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, size)
         return mmap.mmap(fd, size)
     finally:
@@ -232,7 +232,12 @@ class SlotRing:
         except BaseException:
             self._unlink_all()
             raise
-        self._views = [_layout(s.buf, slots, self._slot_bytes) for s in self._segments]
+        # Mapped again, apart from `SharedMemory`'s own mapping, which `close()`
+        # unmaps whatever still views it: these mappings go only with the last
+        # array that views them (a lent slot read after the ring closed).
+        self._views = [
+            _layout(_attach(s.name, reserve=False), slots, self._slot_bytes) for s in self._segments
+        ]
         self.writer = SlotWriter(tuple(s.name for s in self._segments), slots, self._slot_bytes)
         self._closed = False
 
@@ -267,7 +272,7 @@ class SlotRing:
 
     def _free(self, ref: SlotRef) -> None:
         """Marks `ref`'s slot free for its worker (nothing once the ring is closed)."""
-        views = self._views  # held here, the segment stays mapped while it is written
+        views = self._views  # held here, the mapping stays while it is written
         if self._closed or not views:
             return
         states = views[ref.worker][0]
@@ -294,7 +299,7 @@ class SlotRing:
         for segment in self._segments:
             try:
                 segment.close()
-            except BufferError:  # an array still views it; the mapping goes with the process
+            except BufferError:  # nothing views this mapping (the views have their own)
                 logging.debug("shared slots %s still viewed at close", segment.name)
             try:
                 segment.unlink()
