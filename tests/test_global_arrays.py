@@ -106,6 +106,14 @@ def _lent_chunk() -> tuple[global_arrays.ChunkTransfer, np.ndarray]:
     return transfer, block
 
 
+def _lent_steps() -> tuple[list, np.ndarray, np.ndarray, list[int]]:
+    """A lent chunk's steps, the chunk, a copy of it, and the list each release appends 1 to."""
+    transfer, block = _lent_chunk()
+    released: list[int] = []
+    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    return steps, block, block.copy(), released
+
+
 def _check_steps(steps, expected: np.ndarray) -> None:
     for k, step in enumerate(steps):
         rows = expected[:, k * LENT_ROWS : (k + 1) * LENT_ROWS]
@@ -113,24 +121,8 @@ def _check_steps(steps, expected: np.ndarray) -> None:
             np.testing.assert_array_equal(np.asarray(step.get()[name]), rows[i])
 
 
-def test_a_lent_chunk_is_released_after_its_last_pick_and_no_array_reads_it_then(monkeypatch):
-    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
-    monkeypatch.setattr(global_arrays, "_PICKS", {})
-    transfer, block = _lent_chunk()
-    expected = block.copy()
-    released = []
-    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
-    for k in (2, 0, 3):  # in any order, by any thread
-        steps[k].get()
-    assert released == []  # step 1's pick has not read the slot yet
-    steps[1].get()
-    assert released == [1]
-    block[...] = -1  # the worker writes its slot again
-    _check_steps(steps, expected)
-    assert released == [1]
-
-
-def test_a_failed_pick_keeps_a_lent_chunk_until_its_retry_has_read_it(monkeypatch):
+def _second_pick_fails(monkeypatch) -> None:
+    """Picks are compiled afresh, and the second pick call raises (out of memory)."""
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
     monkeypatch.setattr(global_arrays, "_PICKS", {})
     calls = itertools.count()
@@ -147,10 +139,25 @@ def test_a_failed_pick_keeps_a_lent_chunk_until_its_retry_has_read_it(monkeypatc
         return flaky
 
     monkeypatch.setattr(global_arrays, "_compiled_pick", flaky_compile)
-    transfer, block = _lent_chunk()
-    expected = block.copy()
-    released = []
-    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+
+
+def test_a_lent_chunk_is_released_after_its_last_pick_and_no_array_reads_it_then(monkeypatch):
+    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
+    monkeypatch.setattr(global_arrays, "_PICKS", {})
+    steps, block, expected, released = _lent_steps()
+    for k in (2, 0, 3):  # in any order, by any thread
+        steps[k].get()
+    assert released == []  # step 1's pick has not read the slot yet
+    steps[1].get()
+    assert released == [1]
+    block[...] = -1  # the worker writes its slot again
+    _check_steps(steps, expected)
+    assert released == [1]
+
+
+def test_a_failed_pick_keeps_a_lent_chunk_until_its_retry_has_read_it(monkeypatch):
+    _second_pick_fails(monkeypatch)
+    steps, block, expected, released = _lent_steps()
     steps[0].get()
     with pytest.raises(RuntimeError, match="out of memory"):
         steps[1].get()
@@ -170,10 +177,7 @@ def test_a_lent_chunk_not_picked_in_place_is_copied_and_released_at_once(monkeyp
     monkeypatch.setattr(global_arrays, "_PICKS", {})
     if path == "accelerator":
         monkeypatch.setattr(global_arrays, "picks_read_host_chunks", lambda sharding: False)
-    transfer, block = _lent_chunk()
-    expected = block.copy()
-    released = []
-    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    steps, block, expected, released = _lent_steps()
     assert released == [1]
     block[...] = -1
     _check_steps(steps, expected)
@@ -200,10 +204,7 @@ def test_a_pick_that_fails_while_waited_for_keeps_a_lent_chunk_for_its_retry(mon
         )
 
     monkeypatch.setattr(global_arrays, "_compiled_pick", failing_once)
-    transfer, block = _lent_chunk()
-    expected = block.copy()
-    released = []
-    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    steps, block, expected, released = _lent_steps()
     for step in steps[:-1]:
         step.get()
     with pytest.raises(RuntimeError, match="the copy failed"):
@@ -219,10 +220,7 @@ def test_a_step_picked_but_lost_gets_its_arrays_again_not_the_rewritten_slot(mon
     """An interrupt after a step's pick but before its `StepArrays` kept the arrays."""
     monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
     monkeypatch.setattr(global_arrays, "_PICKS", {})
-    transfer, block = _lent_chunk()
-    expected = block.copy()
-    released = []
-    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    steps, block, expected, released = _lent_steps()
     for step in steps[:-1]:
         step.get()
     steps[-1]._make()  # noqa: SLF001 - picked and counted, then lost
@@ -233,25 +231,8 @@ def test_a_step_picked_but_lost_gets_its_arrays_again_not_the_rewritten_slot(mon
 
 def test_a_retry_does_not_wait_for_arrays_the_loop_already_donated(monkeypatch):
     """Only a step's own outputs are waited for, before anyone holds them."""
-    monkeypatch.setattr(global_arrays, "PYTREE_STEPS", 0)
-    monkeypatch.setattr(global_arrays, "_PICKS", {})
-    calls = itertools.count()
-    compiled = global_arrays._compiled_pick
-
-    def failing_once(*key):
-        pick = compiled(*key)
-
-        def flaky(chunk, index):
-            if next(calls) == 1:
-                raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
-            return pick(chunk, index)
-
-        return flaky
-
-    monkeypatch.setattr(global_arrays, "_compiled_pick", failing_once)
-    transfer, block = _lent_chunk()
-    released = []
-    steps = transfer.steps(block, [LENT_ROWS] * LENT_STEPS, release=lambda: released.append(1))
+    _second_pick_fails(monkeypatch)
+    steps, block, _, released = _lent_steps()
     for array in steps[0].get().values():
         array.delete()  # as a train step that donates its batch
     with pytest.raises(RuntimeError, match="out of memory"):
