@@ -39,9 +39,9 @@ import numpy as np
 
 from bench import common, throughput
 from xlstm_data.multihost.iterator import PlannedDataIterator
-from xlstm_data.multihost.shared_slots import RELEASE
+from xlstm_data.multihost.shared_slots import owned
 from xlstm_data.plan.global_plan import GlobalPlan
-from xlstm_data.reading.row_assembly import aligned_copy, fields_of
+from xlstm_data.reading.row_assembly import fields_of
 from xlstm_data.sources import ArrayRecordSource
 
 NAME = "plan_throughput"
@@ -90,13 +90,8 @@ class _Batches:
         self._elements = elements
 
     def __next__(self) -> Mapping[str, np.ndarray]:
-        element = next(self._elements)
-        release = element.get(RELEASE)  # a worker's slot, lent (`SlotRing.lease`)
-        if release is None:
-            return fields_of(element["fields"])
-        block = aligned_copy(element["fields"])  # as the iterator did before lending slots
-        release()
-        return fields_of(block)
+        # A worker's chunk arrives lent from its slot (`SlotRing.lease`): copied out and freed.
+        return fields_of(owned(next(self._elements))["fields"])
 
     def close(self) -> None:
         common.close_iterator(self._elements)

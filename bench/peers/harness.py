@@ -778,10 +778,8 @@ def measure(
                 subjects = paired_subjects(settings)
                 results = run_rounds(subjects, settings.rounds, missing, failures, run, group)
                 ratios = {
-                    f"{s.label}/host": summarize(
-                        [v for v in column(results[s.label], "ratio") if v is not None]
-                    )
-                    for s in subjects
+                    f"{label}/host": stats
+                    for label, stats in _per_subject(results, "ratio").items()
                 }
                 figures = {
                     "tokens_per_sec": _per_subject(results, "tokens_per_sec"),

@@ -132,8 +132,10 @@ class ChunkTransfer:
                     raise
                 self._sent += len(rows)
                 return steps
-            block = aligned_copy(block)
-            release()
+            try:
+                block = aligned_copy(block)
+            finally:
+                release()
         steps: list[StepArrays] = []
         start = 0
         for run_rows, run in itertools.groupby(int(r) for r in rows):

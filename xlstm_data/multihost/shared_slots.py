@@ -175,6 +175,11 @@ def _attach(name: str, reserve: bool = True) -> mmap.mmap:
     the main process unlinked the segment made the tracker report it leaked
     at exit. The segment is the main process's to unlink, so a worker maps
     it with CPython's own `shm_open`, as `SharedMemory` does, and nothing else.
+
+    Args:
+      name: The segment.
+      reserve: Take its pages now (a worker); the main process, which maps
+        it again only for its views (`SlotRing`), leaves that to the worker.
     """
     import _posixshmem
 
@@ -211,6 +216,22 @@ def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
     return slots if slots >= 2 else 0
 
 
+def owned(element: Any) -> Any:
+    """`element` with a block lent from a slot (`SlotRing.lease`) copied, and the slot freed.
+
+    Anything else is returned as it is.
+    """
+    release = element.get(RELEASE) if isinstance(element, dict) else None
+    if release is None:
+        return element
+    copied = {key: value for key, value in element.items() if key != RELEASE}
+    try:
+        copied["fields"] = aligned_copy(element["fields"])
+    finally:
+        release()
+    return copied
+
+
 class SlotRing:
     """The main process's side: owns the segments, and copies or lends slots out.
 
@@ -243,13 +264,7 @@ class SlotRing:
 
     def take(self, element: Any) -> Any:
         """`element` with its `SlotRef` (`"fields"`) replaced by a copy, the slot freed."""
-        leased = self.lease(element)
-        if leased is element:
-            return element
-        copied = {**leased, "fields": aligned_copy(leased["fields"])}
-        del copied[RELEASE]
-        leased[RELEASE]()
-        return copied
+        return owned(self.lease(element))
 
     def lease(self, element: Any) -> Any:
         """`element` with its `SlotRef` (`"fields"`) replaced by a view of the slot itself.

@@ -161,15 +161,15 @@ def assemble_rows(
     gather = _arange(size) + np.repeat(gather_shift, tile)
     # An EOD's gather index points at a neighbour's token (or out of range:
     # clipped); `_write_eods` then puts the EOD there.
-    piece_begin = begin[order]
+    piece_begin, piece_length = begin[order], length[which]
     inputs = flat_block[_FIELD["inputs"]]
     np.take(flat, gather, out=inputs, mode="clip")
-    _write_eods(inputs, pieces, length[which], piece_begin, prefix, 0, eod_token_id)
+    _write_eods(inputs, pieces, piece_length, piece_begin, prefix, 0, eod_token_id)
     if shift:
         gather += 1
         targets = flat_block[_FIELD["targets"]]
         np.take(flat, gather, out=targets, mode="clip")
-        _write_eods(targets, pieces, length[which], piece_begin, prefix, 1, eod_token_id)
+        _write_eods(targets, pieces, piece_length, piece_begin, prefix, 1, eod_token_id)
     else:
         flat_block[_FIELD["targets"]] = inputs
     return block
