@@ -8,14 +8,17 @@ prepared corpus in a subprocess, as in a real run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 
+import numpy as np
 import pytest
 
 from bench import common
 from bench.peers import __main__ as cli
 from bench.peers import corpus, harness, run_ours, runner_util
+from xlstm_data.multihost.shared_slots import RELEASE
 
 
 def test_rotation_pairs_and_summary():
@@ -189,17 +192,25 @@ def test_target6_pairs_windows_of_both_paths_in_one_process(tmp_path, monkeypatc
 
     def fake_run(runner, task, **kwargs):
         ran.append((runner, task["task"], task["workers"]))
-        return {
+        result = {
             "ratio": 0.8 + task["workers"] / 10,
             "tokens_per_sec": 1.0,
             "host_tokens_per_sec": 1.1,
         }
+        if task["workers"]:
+            result.update(same_pipeline_ratio=0.85, workers_ratio=1.05)
+        return result
 
     result = harness.measure(settings, run=fake_run, groups=["target6"], peers=())
     assert sorted(ran) == [("ours", "paired", 0)] * 2 + [("ours", "paired", 1)] * 2
     assert result["ratios"]["target6 whole_w0/host"]["median"] == pytest.approx(0.8)
+    assert result["ratios"]["target6 host_w1/host"]["median"] == pytest.approx(1.05)
     found = {t["metric"]: t["met"] for t in result["targets"]}
-    assert found == {"target6 whole_w0/host": False, "target6 whole_w1/host": True}
+    assert found == {
+        "target6 whole_w0/host": False,
+        "target6 whole_w1/host": True,
+        "target6 whole_w1/host_w1": False,
+    }
 
     # The runner's own task, in this process: each window of the whole iterator
     # is paired with one of the host pipeline, and both count real tokens.
@@ -208,3 +219,21 @@ def test_target6_pairs_windows_of_both_paths_in_one_process(tmp_path, monkeypatc
     assert len(result["ratios"]) == task["windows"] == 2
     assert result["tokens_per_sec"] > 0 and result["host_tokens_per_sec"] > 0
     assert result["ratio"] == pytest.approx(statistics.median(result["ratios"]))
+
+    # The third subject with workers reads the iterator's own pipeline: the
+    # host pipeline's steps, token for token, and a lent chunk's slot is given back.
+    train = run_ours.build(dict(task, workers=0))
+    try:
+        pipeline = train._pipeline(0, None)
+        steps = list(itertools.islice(run_ours._pipeline_batches(pipeline), 40))
+        pipeline.close()
+        assert steps == list(itertools.islice(run_ours._host_batches(train), 40))
+    finally:
+        train.close()
+    released = []
+    lent = {
+        "source_tokens": np.array([[3, 4], [5, 0]]),
+        RELEASE: lambda: released.append(True),
+    }
+    assert list(run_ours._pipeline_batches(iter([lent]))) == [7, 5]
+    assert released == [True]

@@ -781,9 +781,20 @@ def measure(
                     f"{label}/host": stats
                     for label, stats in _per_subject(results, "ratio").items()
                 }
+                # With workers: the same pipeline read as numpy, and what the move to workers costs.
+                moved = _per_subject(results, "workers_ratio")
+                for label, stats in _per_subject(results, "same_pipeline_ratio").items():
+                    if stats:
+                        workers = label.removeprefix("whole_")
+                        ratios[f"{label}/host_{workers}"] = stats
+                        ratios[f"host_{workers}/host"] = moved[label]
                 figures = {
-                    "tokens_per_sec": _per_subject(results, "tokens_per_sec"),
-                    "host_tokens_per_sec": _per_subject(results, "host_tokens_per_sec"),
+                    key: _per_subject(results, key)
+                    for key in (
+                        "tokens_per_sec",
+                        "host_tokens_per_sec",
+                        "host_workers_tokens_per_sec",
+                    )
                 }
             elif group == "prepare":
                 web = settings.specs()["web"]
@@ -933,6 +944,13 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
             f"whole iterator, best_fit, {workers} worker{'s' * (workers != 1)}: within 10 % of "
             "the host pipeline (paired windows in one process)",
         )
+    add(
+        "target6 whole_w1/host_w1",
+        ">=",
+        0.9,
+        "whole iterator, best_fit, 1 worker: within 10 % of its own host pipeline, the same "
+        "worker's chunks read as numpy (paired windows in one process)",
+    )
     add("prepare ours/megatron", ">=", 1.0, "prepare tokens/s >= IndexedDatasetBuilder's")
     return found
 

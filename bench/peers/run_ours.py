@@ -27,6 +27,7 @@ from typing import Any  # noqa: E402
 
 from bench.peers import runner_util  # noqa: E402
 from bench.peers.corpus import our_source  # noqa: E402 - not imported inside a timed span
+from xlstm_data.multihost.shared_slots import RELEASE  # noqa: E402
 
 
 def data_config(task: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +92,20 @@ def _host_batches(train: Any):
         yield int(element["source_tokens"].sum())
 
 
+def _pipeline_batches(pipeline: Any):
+    """The steps of the chunks `train._pipeline` gives, as a loop reading numpy would take them.
+
+    That pipeline is the one the whole iterator runs, workers included: a
+    worker's chunk is lent from its slot, read in place and given back.
+    """
+    for chunk in pipeline:
+        release = chunk.get(RELEASE)
+        tokens = chunk["source_tokens"].sum(axis=1).tolist()
+        if release is not None:
+            release()
+        yield from tokens
+
+
 def throughput(task: dict[str, Any]) -> dict[str, Any]:
     train = build(task)
     try:
@@ -122,11 +137,24 @@ def paired(task: dict[str, Any]) -> dict[str, Any]:
     with a window of the host pipeline next to it (the order alternating), so
     both see the same phase; the ratio of a pair is the whole iterator's
     tokens/s over the host pipeline's.
+
+    With workers, a third subject reads the chunks of the whole iterator's
+    own pipeline (its workers, with their slots) as numpy (`host_workers`):
+    `same_pipeline_ratio` is then what the global arrays cost on that
+    pipeline, and `workers_ratio` what moving the host pipeline into workers
+    costs on this machine.
     """
-    host_train = build(dict(task, workers=0))
-    whole_train = build(task)
+    trains = {"host": build(dict(task, workers=0)), "whole": build(task)}
+    subjects = {"host": _host_batches(trains["host"]), "whole": _iterator_batches(trains["whole"])}
+    pipeline = None
+    if task.get("workers"):
+        # Closed at once (its own pipeline's workers would share the cores); the
+        # pipeline it makes afterwards is the one its `next` would read.
+        source = build(task)
+        source.close()
+        pipeline = source._pipeline(0, None)  # noqa: SLF001
+        subjects["host_workers"] = _pipeline_batches(pipeline)
     try:
-        subjects = {"host": _host_batches(host_train), "whole": _iterator_batches(whole_train)}
         for batches in subjects.values():
             next(batches)  # the first batch (workers start) and the pick's compile
         if task.get("workers"):
@@ -134,24 +162,34 @@ def paired(task: dict[str, Any]) -> dict[str, Any]:
         for batches in subjects.values():
             for _ in range(task["warmup"]):
                 next(batches)
-        rates: dict[str, list[float]] = {"host": [], "whole": []}
+        rates: dict[str, list[float]] = {name: [] for name in subjects}
         for window in range(task["windows"]):
-            order = ("host", "whole") if window % 2 == 0 else ("whole", "host")
+            order = list(subjects) if window % 2 == 0 else list(subjects)[::-1]
             for name in order:
                 batches = subjects[name]
                 began = time.perf_counter()
                 tokens = sum(next(batches) for _ in range(task["window"]))
                 rates[name].append(tokens / (time.perf_counter() - began))
     finally:
-        host_train.close()
-        whole_train.close()
-    ratios = [w / h for w, h in zip(rates["whole"], rates["host"], strict=True)]
-    return {
-        "ratios": ratios,
-        "ratio": statistics.median(ratios),
+        if pipeline is not None:
+            pipeline.close()
+        for train in trains.values():
+            train.close()
+
+    def ratios(subject: str, baseline: str) -> list[float]:
+        return [s / b for s, b in zip(rates[subject], rates[baseline], strict=True)]
+
+    result = {
+        "ratios": ratios("whole", "host"),
+        "ratio": statistics.median(ratios("whole", "host")),
         "tokens_per_sec": statistics.median(rates["whole"]),
         "host_tokens_per_sec": statistics.median(rates["host"]),
     }
+    if pipeline is not None:
+        result["same_pipeline_ratio"] = statistics.median(ratios("whole", "host_workers"))
+        result["workers_ratio"] = statistics.median(ratios("host_workers", "host"))
+        result["host_workers_tokens_per_sec"] = statistics.median(rates["host_workers"])
+    return result
 
 
 def cold_start(task: dict[str, Any]) -> dict[str, Any]:
