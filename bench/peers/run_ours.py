@@ -144,17 +144,22 @@ def paired(task: dict[str, Any]) -> dict[str, Any]:
     pipeline, and `workers_ratio` what moving the host pipeline into workers
     costs on this machine.
     """
-    trains = {"host": build(dict(task, workers=0)), "whole": build(task)}
-    subjects = {"host": _host_batches(trains["host"]), "whole": _iterator_batches(trains["whole"])}
+    trains: dict[str, Any] = {}
     pipeline = None
-    if task.get("workers"):
-        # Closed at once (its own pipeline's workers would share the cores); the
-        # pipeline it makes afterwards is the one its `next` would read.
-        source = build(task)
-        source.close()
-        pipeline = source._pipeline(0, None)  # noqa: SLF001
-        subjects["host_workers"] = _pipeline_batches(pipeline)
     try:
+        trains["host"] = build(dict(task, workers=0))
+        trains["whole"] = build(task)
+        subjects = {
+            "host": _host_batches(trains["host"]),
+            "whole": _iterator_batches(trains["whole"]),
+        }
+        if task.get("workers"):
+            # Closed at once (its own pipeline's workers would share the cores);
+            # the pipeline it makes afterwards is the one its `next` would read.
+            trains["host_workers"] = build(task)
+            trains["host_workers"].close()
+            pipeline = trains["host_workers"]._pipeline(0, None)  # noqa: SLF001
+            subjects["host_workers"] = _pipeline_batches(pipeline)
         for batches in subjects.values():
             next(batches)  # the first batch (workers start) and the pick's compile
         if task.get("workers"):
