@@ -9,9 +9,10 @@
 # stage runs on its own, so one that fails leaves the others' figures:
 #   1. versions and the device;
 #   2. device_overlap: the whole iterator feeding a synthetic 4.1 ms step;
-#   3. bench.peers w0 (our subjects only, no peers there): target 6, the whole
-#      iterator with global arrays on the GPU against the host pipeline alone,
-#      at 0 and 1 worker, alternating;
+#   3. bench.peers target6 (our subjects only, no peers there): the whole
+#      iterator with global arrays on the GPU against the host pipeline alone
+#      and, at 1 worker, against its own worker pipeline read as numpy, at 0
+#      and 1 worker, in paired windows of one process;
 #   4. loop_wait: the reference training loop on configs/demo.py.
 set -uo pipefail
 out=${1:?usage: bench/on_accelerator.sh OUT_DIR}
@@ -44,5 +45,5 @@ import os; print('cpus', os.cpu_count())"
 "$py" -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|flax|optax|orbax|grain|numpy|jax-cuda)" >>"$out/versions.log"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >>"$out/versions.log" 2>&1
 stage device_overlap "$py" -m bench.run device_overlap $tiny --out "$out"
-stage peers_w0 timeout 300 "$py" -m bench.peers $tiny --groups w0 --rounds "${ROUNDS:-3}" --out "$out"
+stage peers_target6 timeout 300 "$py" -m bench.peers $tiny --groups target6 --rounds "${ROUNDS:-3}" --out "$out"
 stage loop_wait timeout 240 "$py" -m bench.run loop_wait $tiny --out "$out"

@@ -47,6 +47,6 @@ def test_every_stage_runs_a_benchmark_command(tmp_path):
     for module in modules:
         assert "--tiny" in module and module[module.index("--out") + 1] == str(out)
     peers = peers_cli.parse_args(modules[1][1:])
-    assert peers.groups == "w0" and peers.tiny
-    for stage in ("versions", "device_overlap", "peers_w0", "loop_wait"):
+    assert peers.groups == "target6" and peers.tiny
+    for stage in ("versions", "device_overlap", "peers_target6", "loop_wait"):
         assert f"== {stage}: exit 0" in done.stdout
