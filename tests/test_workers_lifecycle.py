@@ -234,6 +234,18 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     return proc.stdout.readline() if ready else ""
 
 
+def _children_and_commands(pid: int) -> tuple[list[psutil.Process], list[str]]:
+    """`pid`'s descendants and their command lines (a process gone meanwhile is left out)."""
+    children, commands = [], []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            commands.append(" ".join(child.cmdline()))
+        except psutil.NoSuchProcess:
+            continue
+        children.append(child)
+    return children, commands
+
+
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     alive = []
     for process in processes:
@@ -260,8 +272,15 @@ def test_killed_parent_leaves_no_worker_or_resource_tracker(tmp_path):
     try:
         line = _read_line(proc, SCRIPT_TIMEOUT_S)
         assert line.strip() == "READY", f"script did not get ready (rc={proc.poll()})"
-        children = psutil.Process(proc.pid).children(recursive=True)
-        commands = [" ".join(child.cmdline()) for child in children]
+        # The 40 steps may all be computed in the script's own process while its
+        # workers start (`WorkerHandover` serves them there until the workers are
+        # up), so READY can come before the second worker exists: wait for both.
+        deadline = time.monotonic() + SCRIPT_TIMEOUT_S
+        while True:
+            children, commands = _children_and_commands(proc.pid)
+            if sum("spawn_main" in c for c in commands) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert sum("spawn_main" in c for c in commands) == 2, commands
         assert sum("resource_tracker" in c for c in commands) == 1, commands
         proc.send_signal(signal.SIGKILL)
