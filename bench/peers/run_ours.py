@@ -27,7 +27,7 @@ from typing import Any  # noqa: E402
 
 from bench.peers import runner_util  # noqa: E402
 from bench.peers.corpus import our_source  # noqa: E402 - not imported inside a timed span
-from xlstm_data.multihost.shared_slots import RELEASE  # noqa: E402
+from xlstm_data.multihost.shared_slots import give_back  # noqa: E402
 
 
 def data_config(task: dict[str, Any]) -> dict[str, Any]:
@@ -99,10 +99,8 @@ def _pipeline_batches(pipeline: Any):
     worker's chunk is lent from its slot, read in place and given back.
     """
     for chunk in pipeline:
-        release = chunk.get(RELEASE)
         tokens = chunk["source_tokens"].sum(axis=1).tolist()
-        if release is not None:
-            release()
+        give_back(chunk)
         yield from tokens
 
 
@@ -184,9 +182,10 @@ def paired(task: dict[str, Any]) -> dict[str, Any]:
     def ratios(subject: str, baseline: str) -> list[float]:
         return [s / b for s, b in zip(rates[subject], rates[baseline], strict=True)]
 
+    whole_over_host = ratios("whole", "host")
     result = {
-        "ratios": ratios("whole", "host"),
-        "ratio": statistics.median(ratios("whole", "host")),
+        "ratios": whole_over_host,
+        "ratio": statistics.median(whole_over_host),
         "tokens_per_sec": statistics.median(rates["whole"]),
         "host_tokens_per_sec": statistics.median(rates["host"]),
     }

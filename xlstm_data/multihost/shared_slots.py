@@ -216,12 +216,28 @@ def slots_that_fit(workers: int, wanted: int, slot_bytes: int) -> int:
     return slots if slots >= 2 else 0
 
 
+def _release_of(element: Any) -> Any:
+    """What frees the slot `element` was lent (`SlotRing.lease`), or None."""
+    return element.get(RELEASE) if isinstance(element, dict) else None
+
+
+def give_back(element: Any) -> None:
+    """Frees the slot `element` was lent, if any: its reader is done with the block.
+
+    A lent slot left full would make its worker wait for it forever once the
+    worker came round to it again (a chunk dropped unread, or read as numpy).
+    """
+    release = _release_of(element)
+    if release is not None:
+        release()
+
+
 def owned(element: Any) -> Any:
     """`element` with a block lent from a slot (`SlotRing.lease`) copied, and the slot freed.
 
     Anything else is returned as it is.
     """
-    release = element.get(RELEASE) if isinstance(element, dict) else None
+    release = _release_of(element)
     if release is None:
         return element
     copied = {key: value for key, value in element.items() if key != RELEASE}

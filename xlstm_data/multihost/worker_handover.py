@@ -34,7 +34,7 @@ from typing import Any
 from absl import logging
 
 from xlstm_data.multihost.prefetch import block_job_signals
-from xlstm_data.multihost.shared_slots import RELEASE, SlotRing
+from xlstm_data.multihost.shared_slots import SlotRing, give_back
 
 
 class WorkerHandover:
@@ -99,7 +99,7 @@ class WorkerHandover:
         index, element = self._workers_from, next(self._workers)
         self._workers_up.set()
         while index < self._served and not self._closing:  # `_served` only grows
-            _drop(element)
+            give_back(element)  # dropped unread
             index, element = index + 1, next(self._workers)
         return index, element
 
@@ -139,7 +139,7 @@ class WorkerHandover:
             index, element = first.result()  # raises what the workers raised
             dropped = index - self._workers_from
             while index < self._served:  # served here since the helper caught up
-                _drop(element)
+                give_back(element)  # dropped unread
                 index, element = index + 1, next(self._workers)
                 dropped += 1
             if dropped:
@@ -194,14 +194,3 @@ class WorkerHandover:
         if close is not None:
             close()
         self._in_process = None
-
-
-def _drop(element: Any) -> None:
-    """Lets an element go unused: a slot it was lent (`SlotRing.lease`) is freed.
-
-    A dropped chunk's slot left full would make its worker wait for it
-    forever once the worker came round to it again.
-    """
-    release = element.get(RELEASE) if isinstance(element, dict) else None
-    if release is not None:
-        release()
