@@ -299,3 +299,35 @@ def test_workers_read_flat_shards_as_the_main_process_does(corpora):
         for x, y in zip(batches["flat"], batches[other], strict=True):
             for key in x:
                 np.testing.assert_array_equal(x[key], y[key], err_msg=f"{other} {key}")
+
+
+def test_parts_hold_the_shards_dtype_and_an_int32_part_of_an_earlier_version_still_reads(
+    tmp_path,
+):
+    """Parts are written in the flat shards' dtype (half the bytes of int32 for uint16 ids).
+
+    A part tokenized before parts named their dtype is int32 and its marker
+    names none: a rerun that must rewrite the shards from it reads it as int32.
+    """
+    documents = _documents()
+    np.savez(tmp_path / "ids.npz", *documents)
+    out = tmp_path / "flat"
+    prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)
+    (marker,) = (out / ".prepare" / "parts").glob("*.done.json")
+    summary = json.loads(marker.read_text())
+    assert summary["token_dtype"] == "<u2"
+    # The earlier version's part: int32 ids, a marker without the dtype; every shard to redo.
+    del summary["token_dtype"]
+    marker.write_text(json.dumps(summary))
+    tokens = marker.with_name(marker.name.replace(".done.json", ".tokens"))
+    tokens.write_bytes(np.concatenate(documents).astype("<i4").tobytes())
+    for done in (out / ".prepare" / "shards").glob("*.done.json"):
+        done.unlink()
+    for shard in out.glob("shard-*.npy"):
+        shard.unlink()
+    prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)
+    assert "token_dtype" not in json.loads(marker.read_text())  # read, not tokenized again
+    source = open_shards(str(out))
+    assert len(source) == len(documents)
+    for got, want in zip(source.read_many(np.arange(len(documents))), documents, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -29,6 +29,7 @@ from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.plan.permutation import FeistelPermutation, derive_seed
 from xlstm_data.prepare import paths
 from xlstm_data.prepare.settings import PrepareSettings
+from xlstm_data.prepare.tokenize import stored_dtype
 from xlstm_data.sources.array_record import write_array_record
 from xlstm_data.sources.flat_tokens import flat_shard_files, offsets_path
 
@@ -391,6 +392,8 @@ def _piece_chunks(
     """
     with paths.open_file(part_path(piece.part, ".lengths.npy"), "rb") as f:
         part_lengths = np.load(f).astype(np.int64)
+    dtype = stored_dtype(paths.read_json(part_path(piece.part, ".done.json")))
+    width = dtype.itemsize
     lengths = part_lengths[piece.start : piece.stop]
     before = int(part_lengths[: piece.start].sum())
     mask = task.held_out.mask(piece.first_document + piece.start, piece.stop - piece.start)
@@ -403,14 +406,14 @@ def _piece_chunks(
             stop = max(first + 1, int(np.searchsorted(ends, base + _READ_TOKENS, side="right")))
             stop = min(stop, lengths.size)
             count = int(ends[stop - 1]) - base
-            tokens_file.seek(4 * (before + base))
-            raw = tokens_file.read(4 * count)
-            if len(raw) != 4 * count:
+            tokens_file.seek(width * (before + base))
+            raw = tokens_file.read(width * count)
+            if len(raw) != width * count:
                 raise DataReadError(
                     f"prepare: {part_path(piece.part, '.tokens')} is shorter than its lengths "
                     "say; delete the output's .prepare directory and rerun prepare"
                 )
-            flat = np.frombuffer(raw, dtype="<i4")
+            flat = np.frombuffer(raw, dtype=dtype)
             kept, sizes = keep[first:stop], lengths[first:stop]
             if kept.all():
                 yield flat, sizes

@@ -1,9 +1,10 @@
 """Step 1 of a preparation: one input part into token ids on disk.
 
 A part (a whole input file, or a byte or row-group range of a big one) is
-tokenized into `WORK/parts/<name>.tokens` (little-endian int32, documents
-back to back) and `<name>.lengths.npy`, then marked done with
-`<name>.done.json`. Step 2 cuts the shards out of these files, so how the
+tokenized into `WORK/parts/<name>.tokens` (little-endian ids, documents back
+to back, in the flat shards' dtype, else int32: `part_dtype`) and
+`<name>.lengths.npy`, then marked done with `<name>.done.json`, which names
+the dtype. Step 2 cuts the shards out of these files, so how the
 output is sharded does not depend on how the input was split or which worker
 tokenized what.
 
@@ -93,9 +94,27 @@ def finished_part(job: PartJob, *, with_tokens: bool) -> dict[str, Any] | None:
     summary = paths.read_json(done)
     if summary.get("signature") != job.signature:
         return None
-    if with_tokens and paths.size(job.path(".tokens")) != 4 * summary["tokens"]:
+    if with_tokens and paths.size(job.path(".tokens")) != (
+        stored_dtype(summary).itemsize * summary["tokens"]
+    ):
         return None
     return summary
+
+
+def part_dtype(settings: PrepareSettings) -> np.dtype:
+    """The dtype a part's ids are written in: the flat shards' (uint16 up to 65,536), else int32.
+
+    Written as int32 whatever the shards, a part was twice the bytes of the
+    shards cut from it, written once and read once: `prepare` took 0.49-0.75
+    s for the bench/peers corpus (51 M ids) against 0.39 s for Megatron's
+    `IndexedDatasetBuilder`, 0.31 s of it in writing the int32 part.
+    """
+    return np.dtype(settings.token_dtype or np.int32).newbyteorder("<")
+
+
+def stored_dtype(summary: dict[str, Any]) -> np.dtype:
+    """The dtype of a finished part's ids (int32 for a part written before parts named it)."""
+    return np.dtype(summary.get("token_dtype", "<i4"))
 
 
 def part_lengths(job: PartJob) -> np.ndarray:
@@ -122,6 +141,7 @@ def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
         return finished
     skipped = SkippedLines()
     lengths: list[np.ndarray] = []
+    dtype = part_dtype(job.settings)
     tokens_path = job.path(".tokens")
     paths.makedirs(paths.join(job.work_dir, PARTS_DIR))
     partial = paths.partial_name(tokens_path)
@@ -133,10 +153,10 @@ def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
             buffered.append(tokens)
             pending += tokens.size
             if pending >= _WRITE_TOKENS:
-                out.write(_little_int32(buffered))
+                out.write(_joined(buffered, dtype))
                 buffered, pending = [], 0
         if buffered:
-            out.write(_little_int32(buffered))
+            out.write(_joined(buffered, dtype))
     paths.replace(partial, tokens_path)
     array = np.concatenate(lengths).astype(np.int32) if lengths else np.zeros(0, np.int32)
     paths.write_npy_atomically(job.path(".lengths.npy"), array)
@@ -145,6 +165,7 @@ def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
         "signature": job.signature,
         "documents": int(array.size),
         "tokens": int(array.sum(dtype=np.int64)),
+        "token_dtype": dtype.str,
         "skipped_lines": skipped.count,
         "skipped_examples": skipped.examples,
     }
@@ -162,7 +183,7 @@ def tokenize_part(job: PartJob, *, with_tokens: bool = True) -> dict[str, Any]:
 
 
 def _part_tokens(job: PartJob, skipped: SkippedLines) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The part's documents as int32 ids and their lengths, checked against the vocabulary.
+    """The part's documents as integer ids and their lengths, checked against the vocabulary.
 
     Token lists of a Parquet or Arrow batch come and are checked together
     (`TokenBatch`); other documents one at a time, with a length array of one.
@@ -196,12 +217,16 @@ def _part_tokens(job: PartJob, skipped: SkippedLines) -> Iterator[tuple[np.ndarr
                 "(--tokenizer) or their vocabulary size (--vocab_size)"
             )
         number += len(sizes)
-        yield tokens.astype(np.int32, copy=False), sizes
+        yield tokens, sizes  # cast once, when written (`_joined`)
 
 
-def _little_int32(arrays: list[np.ndarray]) -> memoryview:
-    """The arrays' ids as one little-endian int32 buffer, written without another copy."""
-    return memoryview(np.concatenate(arrays, dtype="<i4", casting="same_kind"))
+def _joined(arrays: list[np.ndarray], dtype: np.dtype) -> memoryview:
+    """The arrays' ids as one buffer of `dtype`, written without another copy.
+
+    The cast is unchecked: `_part_tokens` has checked every id against the
+    vocabulary, which `dtype` holds.
+    """
+    return memoryview(np.concatenate(arrays, dtype=dtype, casting="unsafe"))
 
 
 def _where(part: InputPart) -> str:
