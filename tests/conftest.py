@@ -100,3 +100,17 @@ def memory_gs(request):
             else:
                 _registry[protocol] = previous
         backend.fsspec_backend._get_filesystem.cache_clear()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of at most 64 host rows (8 steps of 8 rows), as these tests' step counts assume.
+
+    The default (`planned_batches.CHUNK_ROWS_MAX`, 256) would put most of a
+    small test epoch in the chunks this process computes before its workers
+    take over, and its chunk boundaries out of the tests' reach. Only the
+    main process reads it: workers are handed their chunks' steps.
+    """
+    from xlstm_data.reading import planned_batches
+
+    monkeypatch.setattr(planned_batches, "CHUNK_ROWS_MAX", 64)

@@ -400,12 +400,12 @@ def main() -> None:
         from xlstm_data.multihost import global_arrays
 
         global_arrays.PYTREE_STEPS = params["pytree_steps"]
-    if "chunk_rows" in params:  # small chunks: whole ones within a few steps
-        from xlstm_data.multihost import iterator
+    if "chunk_tokens" in params:  # small chunks: whole ones within a few steps
+        from xlstm_data.reading import planned_batches
 
-        iterator.CHUNK_ROWS = params["chunk_rows"]
+        planned_batches.CHUNK_TOKENS = params["chunk_tokens"]
     result = SCENARIOS[args.scenario](params)
-    if "chunk_rows" in params:
+    if "chunk_tokens" in params:
         from xlstm_data.multihost import global_arrays
 
         result["picked"] = bool(global_arrays._PICKS)  # a whole chunk went through a pick

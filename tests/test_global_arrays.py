@@ -22,6 +22,8 @@ from xlstm_data import create_mesh, iterators_from_config
 from xlstm_data.multihost import global_arrays
 from xlstm_data.reading.row_assembly import aligned_empty, fields_of
 
+pytestmark = pytest.mark.usefixtures("small_chunks")
+
 STEPS = 20  # a chunk of 8 steps split by the ramp-up, then whole ones
 
 

@@ -61,7 +61,7 @@ def test_tp_spanning_two_processes_loads_identical_rows(tmp_path):
         "global_batch_size": 4,
         "device_order": "tp_across_processes",
         "pytree_steps": 0,
-        "chunk_rows": 8,
+        "chunk_tokens": 8 * 16,  # 8 rows of 16
     }
     results = run_processes("epoch", 2, tmp_path, params)
     assert [r["host_count"] for r in results] == [1, 1]
@@ -78,7 +78,7 @@ def test_tp_over_two_of_four_processes(tmp_path):
         "global_batch_size": 4,
         "mesh": "dp:1,fsdp:2,tp:4,sp:1",
         "pytree_steps": 0,  # chunks of 4 steps of 2 rows through the compiled pick
-        "chunk_rows": 8,
+        "chunk_tokens": 8 * 16,  # 8 rows of 16
     }
     results = run_processes("epoch", 4, tmp_path, params)
     assert [r["host_index"] for r in results] == [0, 0, 1, 1]
@@ -100,7 +100,7 @@ def test_drop_remainder_stops_all_hosts_at_the_first_end(tmp_path):
 
 def test_rampup_restore_inside_and_across_stages_on_two_processes(tmp_path):
     # Both transfers: chunks of 2 steps, picked when whole, pytrees when a stage splits one.
-    params = {"restore_steps": [1, 3, 4, 6, 7], "pytree_steps": 1, "chunk_rows": 16}
+    params = {"restore_steps": [1, 3, 4, 6, 7], "pytree_steps": 1, "chunk_tokens": 16 * 32}
     results = run_processes("rampup_resume", 2, tmp_path, params)
     expected = [[8, 32]] * 3 + [[12, 32]] * 3 + [[16, 32]] * 3
     for result in results:

@@ -15,6 +15,8 @@ from xlstm_data.errors import DataCheckpointError, DataConfigError
 from xlstm_data.multihost import global_arrays, shared_slots
 from xlstm_data.plan.global_plan import HostPlanner
 
+pytestmark = pytest.mark.usefixtures("small_chunks")
+
 DATA = {
     "train": {
         "a": {"kind": "synthetic", "num_documents": 300, "mean_length": 80},

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -174,3 +175,31 @@ def test_assemble_rows_matches_the_reference(batch, eod):
     # The counts take each row's tokens from its pieces: exactly what its loss mask sets.
     mask = got[_FIELD["targets_segmentation"]]
     np.testing.assert_array_equal(pieces.row_tokens(), np.count_nonzero(mask, axis=1))
+
+
+@pytest.mark.parametrize(
+    ("row_length", "host_rows", "rows", "steps"),
+    [
+        (1024, 8, 256, 32),  # bench/peers: 2^18 tokens
+        (8192, 8, 32, 4),  # long rows keep the bytes
+        (64, 8, 256, 32),  # short rows keep at most 256 rows
+        (1024, 512, 256, 1),  # a host batch larger than a chunk: one step
+    ],
+)
+def test_a_chunk_holds_2_18_tokens_of_rows_and_at_most_256_rows(row_length, host_rows, rows, steps):
+    from xlstm_data import create_mesh, iterators_from_config
+    from xlstm_data.reading.planned_batches import chunk_rows
+
+    assert chunk_rows(row_length) == rows
+    data = {
+        "train": {  # documents enough for one step
+            "a": {"kind": "synthetic", "num_documents": host_rows * row_length // 10}
+        },
+        "global_batch_size": host_rows,
+        "max_target_length": row_length,
+    }
+    train, _ = iterators_from_config(data, create_mesh())
+    try:
+        assert train._steps_per_chunk() == steps  # noqa: SLF001
+    finally:
+        train.close()

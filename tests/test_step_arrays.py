@@ -25,6 +25,8 @@ from xlstm_data.multihost.global_arrays import StepArrays
 from xlstm_data.multihost.prefetch import BackgroundPrefetcher
 from xlstm_data.reading.row_assembly import fields_of
 
+pytestmark = pytest.mark.usefixtures("small_chunks")
+
 STEPS = 24  # three chunks of 8 steps
 
 

@@ -260,8 +260,8 @@ def make_grain_multihost_iterator(
         order or a mapping by name; normalised; 0 leaves a dataset out; None
         is equal weights.
       worker_count: Worker processes computing whole steps (speed only).
-      worker_buffer_size: Chunks of steps (64 rows, at least one step) each
-        worker prepares ahead.
+      worker_buffer_size: Chunks of steps (2^18 tokens of rows, at least one
+        step) each worker prepares ahead.
       drop_remainder: At the end of a finite run, drop a partial last step
         (True) or pad it with segmentation-0 rows (False).
       batch_class: Class of the yielded batches.

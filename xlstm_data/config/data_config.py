@@ -76,8 +76,8 @@ DATA_DEFAULTS: dict[str, Any] = {
     "data_shuffle_seed": 0,
     "num_epochs": None,
     "worker_count": 0,
-    # Chunks each worker prepares ahead (64 rows of consecutive steps, at least
-    # one step: `reading.planned_batches.CHUNK_ROWS`). 1 stalled the 2-worker planned pipeline
+    # Chunks each worker prepares ahead (consecutive steps, at least one:
+    # `reading.planned_batches.CHUNK_TOKENS`). 1 stalled the 2-worker planned pipeline
     # on 2 cores: 2.0-3.3 M tok/s against 3.5-3.9 with 4, and 0.55-0.61 CPU s per
     # M tokens against 0.49-0.53 (bench corpus, 8 x 1024 rows, 2026-11-23).
     "worker_buffer_size": 4,

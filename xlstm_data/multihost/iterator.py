@@ -63,10 +63,10 @@ from xlstm_data.plan.mixture import (
 from xlstm_data.plan.schedule import BatchSizeSchedule
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.planned_batches import (
-    CHUNK_ROWS,
     BlockPlacement,
     PlannedBatchDataset,
     PlannedChunkDataset,
+    chunk_rows,
 )
 from xlstm_data.reading.row_assembly import FIELDS
 from xlstm_data.sources.identity import dataset_files, dataset_identities
@@ -104,7 +104,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
       eod_token_id: Appended to every document.
       worker_count: Worker processes computing whole steps (speed only).
       worker_buffer_size: Chunks each worker prepares ahead, each
-        `CHUNK_ROWS` rows of consecutive steps, at least one step (the
+        `chunk_rows` rows of consecutive steps, at least one step (the
         config's default, 4: see `data_config`'s defaults for the measurement).
       prefetch: Global batches prepared ahead in a background thread. The
         thread prepares a chunk's steps at a time (`_produce`), so up to
@@ -292,9 +292,9 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         return SlotRing(self.worker_count, slots, block_bytes)
 
     def _steps_per_chunk(self) -> int:
-        """Steps per chunk of the host pipeline: `CHUNK_ROWS` rows of the largest host batch."""
+        """Steps per chunk of the host pipeline: `chunk_rows` rows of the largest host batch."""
         largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
-        return max(1, CHUNK_ROWS // max(largest, 1))
+        return max(1, chunk_rows(self.plan.spec.row_length) // max(largest, 1))
 
     def _restart(self, state: Mapping[str, Any] | None) -> None:
         """Continues at `state` ({step, data_step, cursor}) or at the start."""

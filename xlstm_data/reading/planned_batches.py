@@ -11,7 +11,7 @@ resumes the plan at the *next* step and the tokens per source, so the
 iterator in the main process knows its position without planning. The batch
 is one int32 block of all fields (`row_assembly.FIELDS`).
 
-Small host batches are assembled several steps at a time (`CHUNK_ROWS`): read
+Small host batches are assembled several steps at a time (`CHUNK_TOKENS`): read
 step by step (`PlannedDataIterator.host_batches`), the steps it will be asked
 for next (the same stride as its last two requests) are planned, read and
 assembled in one call, and handed out one by one; a `PlannedChunkDataset`
@@ -34,11 +34,27 @@ from xlstm_data.plan.pieces import Pieces
 from xlstm_data.plan.skips import NO_SKIPS, StepSkips
 from xlstm_data.reading.row_assembly import assemble_rows
 
-#: Host rows assembled per call. A step of 8 rows of 1024 spent ~0.5 ms CPU in
-#: the fixed cost of a batch's ~80 numpy calls and ~0.2 ms in work per row
-#: (host pipeline: 11.9 M tokens per CPU second at 8 rows a step, 31.7 M at
-#: 64, bench/peers corpus); assembling the next steps with it shares that cost.
-CHUNK_ROWS = 64
+#: Host tokens (rows x row length) assembled per call. A step of 8 rows of
+#: 1024 spent ~0.5 ms CPU in the fixed cost of a batch's ~80 numpy calls and
+#: ~0.2 ms in work per row (host pipeline: 11.9 M tokens per CPU second at 8
+#: rows a step, 31.7 M at 64, bench/peers corpus); assembling the next steps
+#: with it shares that cost. A chunk also pays a fixed cost to cross from a
+#: worker (grain's queue and its feeder thread, the slot, the hand-over to the
+#: loop): with 1 worker, 64 rows of 1024 a chunk gave the whole iterator 0.75
+#: (0.74-0.78) of the in-process host pipeline, 128 rows 0.88 (0.86-0.88) and
+#: 256 rows 0.97 (0.97-0.97), the host pipeline itself 111, 120 and 118 M
+#: tok/s (bench/peers target6, 3 rounds each). 256 rows of 1024 are 7.3 MB a
+#: chunk of int32 fields; longer rows keep the bytes, not the rows.
+CHUNK_TOKENS = 1 << 18
+#: Most host rows per call: shorter rows keep the rows, not the bytes. A chunk
+#: of thousands of short rows would hold hundreds of steps, each restart
+#: computing them before its second step.
+CHUNK_ROWS_MAX = 256
+
+
+def chunk_rows(row_length: int) -> int:
+    """Host rows assembled per call for rows of `row_length`, at least one."""
+    return max(1, min(CHUNK_ROWS_MAX, CHUNK_TOKENS // max(int(row_length), 1)))
 
 
 class BlockPlacement(Protocol):
@@ -99,7 +115,7 @@ class PlannedBatchDataset(grain.MapDataset):
         self._skips = skips
         self._planner: HostPlanner | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
-        #: Elements assembled ahead (`CHUNK_ROWS`), by index, and the last index asked for.
+        #: Elements assembled ahead (`chunk_rows`), by index, and the last index asked for.
         self._ready: dict[int, dict[str, Any]] = {}
         self._last_index: int | None = None
 
@@ -177,7 +193,7 @@ class PlannedBatchDataset(grain.MapDataset):
         return element
 
     def _chunk(self, index: int, stride: int) -> list[int]:
-        """`index` and the indices likely asked for next, as many as `CHUNK_ROWS` allows.
+        """`index` and the indices likely asked for next, as many as `chunk_rows` allows.
 
         Only `index` before the stride is known (a forward stride between the
         last two requests): a worker must not assemble its neighbours' steps.
@@ -185,7 +201,7 @@ class PlannedBatchDataset(grain.MapDataset):
         if stride <= 0:
             return [index]
         rows = self._host_planner().host_rows(self._skips.data_step(self._start_step + index))[1]
-        count = max(1, CHUNK_ROWS // max(rows, 1))
+        count = max(1, chunk_rows(self._plan.spec.row_length) // max(rows, 1))
         return list(range(index, min(index + count * stride, len(self)), stride))
 
     def _host_planner(self) -> HostPlanner:
