@@ -116,6 +116,36 @@ def test_workers_with_no_room_for_shared_slots_send_the_same_chunks_through_grai
     assert "too little for 2 chunks" in caplog.text
 
 
+def test_workers_take_smaller_chunks_where_2_slots_a_worker_would_not_fit(monkeypatch, caplog):
+    """Halved chunks through the slots, rather than whole ones through grain's segments."""
+    from xlstm_data.multihost import iterator as iterator_module
+    from xlstm_data.reading.row_assembly import FIELDS
+
+    data = ONE_SOURCE_EPOCH
+    mesh = create_mesh()
+    expected = _whole_epoch_inline(data, mesh)
+    step_bytes = len(FIELDS) * 8 * 64 * 4  # the largest step: 8 rows of 64, int32
+    monkeypatch.setattr(
+        iterator_module,
+        "slots_that_fit",
+        lambda workers, wanted, slot_bytes: wanted if slot_bytes <= 2 * step_bytes else 0,
+    )
+    lent = []
+    lease = shared_slots.SlotRing.lease
+    monkeypatch.setattr(
+        shared_slots.SlotRing, "lease", lambda ring, element: lent.append(1) or lease(ring, element)
+    )
+    inline, _ = iterators_from_config(data, mesh)
+    inline.close()
+    with_workers, _ = iterators_from_config({**data, "worker_count": 2}, mesh)
+    try:
+        assert (inline._per_chunk, with_workers._per_chunk) == (8, 2)  # noqa: SLF001
+        _assert_same([_host(batch) for batch in with_workers], expected)
+    finally:
+        with_workers.close()
+    assert lent and "too little" not in caplog.text
+
+
 def test_rows_hold_exactly_the_planned_pieces_of_the_documents():
     train, _ = iterators_from_config(DATA, create_mesh())
     try:

@@ -186,8 +186,10 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         #: saved with the position, so the totals continue across a resume.
         self.data_counters = DataCounters(self.component_names)
         self._resources = IteratorResources()
+        #: Steps per chunk of the host pipeline, decided once: the transfer picks whole chunks.
+        self._per_chunk = self._steps_per_chunk()
         self._transfer = ChunkTransfer(
-            FIELDS, self.sharding, self.layout.host_count, self._steps_per_chunk()
+            FIELDS, self.sharding, self.layout.host_count, self._per_chunk
         )
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
@@ -227,7 +229,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
     def _pipeline(self, step: int, cursor: Cursor | None) -> WorkerHandover:
         """This host's chunks of steps from training step `step` (a cursor at or before it).
 
-        Every element holds `_steps_per_chunk()` consecutive steps (the first
+        Every element holds `_per_chunk` consecutive steps (the first
         one step, fewer at a finite plan's end), computed in this process or in
         workers. With workers, the steps are computed here until the workers'
         first chunk is there (`WorkerHandover`): at least the first step and
@@ -237,7 +239,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         0.1 s steps, bench/plan_mixture).
         """
         read = grain.ReadOptions(num_threads=0)
-        per_chunk = self._steps_per_chunk()
+        per_chunk = self._per_chunk
         # The first step alone: a (re)start hands it out without waiting for its chunk.
         chunks = PlannedChunkDataset(self._planned(step, cursor), per_chunk, first_chunk_steps=1)
         handover = 1 + -(-2 * self.worker_count * self._worker_buffer_size // per_chunk)
@@ -276,8 +278,7 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         grain then sends each chunk through a new segment, as it sends any
         array, 2-3 ms a chunk slower.
         """
-        largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
-        block_bytes = len(FIELDS) * per_chunk * max(largest, 1) * self.plan.spec.row_length * 4
+        block_bytes = self._chunk_bytes(per_chunk)
         in_flight = 2 * self._worker_buffer_size + 4
         wanted = max(2, min(in_flight, SLOT_BYTES_PER_WORKER // block_bytes))
         slots = slots_that_fit(self.worker_count, wanted, block_bytes)
@@ -292,9 +293,27 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         return SlotRing(self.worker_count, slots, block_bytes)
 
     def _steps_per_chunk(self) -> int:
-        """Steps per chunk of the host pipeline: `chunk_rows` rows of the largest host batch."""
-        largest = self.plan.spec.batch.global_batch_size // self.layout.host_count
-        return max(1, chunk_rows(self.plan.spec.row_length) // max(largest, 1))
+        """Steps per chunk of the host pipeline: `chunk_rows` rows of the largest host batch.
+
+        With workers, halved until 2 slots a worker fit in half of the free
+        shared memory (`slots_that_fit`; a default Docker container has 64
+        MB): smaller chunks through the slots cost less than grain's new
+        segment per chunk. Where none fits, whole chunks go through grain.
+        """
+        whole = max(1, chunk_rows(self.plan.spec.row_length) // self._largest_host_rows())
+        if not self.worker_count:
+            return whole
+        steps = whole
+        while steps and not slots_that_fit(self.worker_count, 2, self._chunk_bytes(steps)):
+            steps //= 2
+        return steps or whole
+
+    def _largest_host_rows(self) -> int:
+        return max(1, self.plan.spec.batch.global_batch_size // self.layout.host_count)
+
+    def _chunk_bytes(self, steps: int) -> int:
+        """Bytes of a chunk block of `steps` steps of the largest host batch (int32 fields)."""
+        return len(FIELDS) * steps * self._largest_host_rows() * self.plan.spec.row_length * 4
 
     def _restart(self, state: Mapping[str, Any] | None) -> None:
         """Continues at `state` ({step, data_step, cursor}) or at the start."""
