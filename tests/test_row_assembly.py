@@ -200,6 +200,6 @@ def test_a_chunk_holds_2_18_tokens_of_rows_and_at_most_256_rows(row_length, host
     }
     train, _ = iterators_from_config(data, create_mesh())
     try:
-        assert train._steps_per_chunk() == steps  # noqa: SLF001
+        assert train._per_chunk == steps  # noqa: SLF001
     finally:
         train.close()

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.peers import runner_util
+
 #: Token ids are < VOCAB_SIZE (uint16 everywhere); 0 pads, 1 ends a document.
 VOCAB_SIZE = 65536
 PAD_ID, EOD_ID = 0, 1
@@ -172,18 +174,6 @@ def write_parquet(docs: Path, path: Path, rows_per_group: int = 1 << 16) -> Path
     return path
 
 
-def settle_writeback() -> None:
-    """Writes every dirty page out before a timed `prepare`, so no earlier write lands in it.
-
-    Our input is written just before our clock starts, and the previous
-    round's outputs just before either system's: flushed by the kernel
-    during the next timed span, they made ours read 0.26 s in one round and
-    0.68-0.69 s in the two others, Megatron's builder steady at 0.40 s.
-    """
-    if hasattr(os, "sync"):
-        os.sync()
-
-
 def prepare_ours(docs: Path, output: Path) -> dict[str, Any]:
     """Runs our `prepare` on the documents' Parquet file into `output` (must not exist).
 
@@ -198,7 +188,7 @@ def prepare_ours(docs: Path, output: Path) -> dict[str, Any]:
     fresh_dir(staging)
     try:
         parquet = write_parquet(docs, staging / "documents.parquet")
-        settle_writeback()
+        runner_util.settle_writeback()
         started = time.perf_counter()
         index = prepare_corpus(
             [str(parquet)],

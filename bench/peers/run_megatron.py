@@ -70,7 +70,7 @@ def write(task: dict[str, Any]) -> dict[str, Any]:
     offsets = np.load(os.path.join(task["docs"], "offsets.npy"))
     eod = np.array([task["eod"]], dtype=np.uint16)
     prefix = task["prefix"]
-    os.sync()  # as ours (`corpus.settle_writeback`): no earlier write lands in the timed span
+    runner_util.settle_writeback()  # as ours: no earlier write lands in the timed span
     started = time.perf_counter()
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
     for i in range(len(offsets) - 1):
