@@ -80,6 +80,7 @@ def test_targets_and_summary_rows():
         "w0 ours_best_fit/megatron": harness.summarize([1.2, 0.9, 1.1]),
         "w0 cpu ours_best_fit/megatron": harness.summarize([1.5]),
         "prepare ours/megatron": harness.summarize([0.5]),
+        "prepare ours_arrow/megatron": harness.summarize([2.5]),
         "w0 ours_best_fit/ours_best_fit_host": harness.summarize([0.8]),
         "w2 ours_concat/olmo_fsl": None,
     }
@@ -88,6 +89,7 @@ def test_targets_and_summary_rows():
     assert found["w0 ours_best_fit/megatron"]["met"] is True
     assert found["w0 cpu ours_best_fit/megatron"]["met"] is False
     assert found["prepare ours/megatron"]["met"] is False
+    assert found["prepare ours_arrow/megatron"]["met"] is True
     assert found["w0 ours_best_fit/ours_best_fit_host"]["met"] is False  # target 6: >= 0.9
     assert "w2 ours_concat/olmo_fsl" not in found  # not measured: no target
     rows = harness.summary_rows(
@@ -182,6 +184,26 @@ def test_missing_peers_are_reported_and_ours_still_runs(tmp_path, monkeypatch):
     # Ours was read from the directory our prepare wrote.
     web = harness.Settings.create(tiny=True, docs=300).specs()["web"]
     assert corpus.is_done(corpus.corpus_dir(web) / "ours")
+
+
+def test_prepare_from_parquet_and_from_arrow_writes_the_same_corpus(tmp_path, monkeypatch):
+    """Both inputs of the prepare group hold the same token arrays, and prepare makes one corpus."""
+    monkeypatch.setenv(common.CACHE_ENV, str(tmp_path / "cache"))
+    docs = corpus.write_documents(harness.Settings.create(tiny=True, docs=300).specs()["web"])
+    outputs = {}
+    for input_format in corpus.PREPARE_INPUTS:
+        output = tmp_path / input_format
+        result = corpus.prepare_ours(docs, output, input_format)
+        assert result["secs"] > 0
+        assert not (tmp_path / f".{input_format}-input").exists()  # the input is removed
+        outputs[input_format] = {
+            path.relative_to(output): path.read_bytes()
+            for path in sorted(output.rglob("*"))
+            if path.is_file() and path.suffix == ".npy" and ".prepare" not in path.parts
+        }
+    tokens, offsets = corpus.load_documents(docs)
+    assert result["index"]["tokens"] == int(offsets[-1])
+    assert outputs["arrow"] == outputs["parquet"] and outputs["arrow"]
 
 
 def test_target6_pairs_windows_of_both_paths_in_one_process(tmp_path, monkeypatch):

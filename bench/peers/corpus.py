@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,43 +157,79 @@ def load_documents(docs: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.load(docs / "tokens.npy", mmap_mode="r"), np.load(docs / "offsets.npy")
 
 
-def write_parquet(docs: Path, path: Path, rows_per_group: int = 1 << 16) -> Path:
-    """The documents as a Parquet file with one `tokens` list<uint16> column (prepare's input)."""
+def _token_schema() -> Any:
+    """One `tokens` column of uint16 ids per document (pyarrow imported when first needed)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    return pa.schema([("tokens", pa.large_list(pa.uint16()))])
+
+
+def _token_tables(docs: Path, rows_per_table: int) -> Iterator[Any]:
+    """The documents as Arrow tables of one `tokens` list<uint16> column, `rows_per_table` each."""
+    import pyarrow as pa
 
     tokens, offsets = load_documents(docs)
-    schema = pa.schema([("tokens", pa.large_list(pa.uint16()))])
-    with pq.ParquetWriter(path, schema, compression="none") as writer:
-        for first in range(0, len(offsets) - 1, rows_per_group):
-            last = min(first + rows_per_group, len(offsets) - 1)
-            begin, end = int(offsets[first]), int(offsets[last])
-            values = pa.array(np.asarray(tokens[begin:end]), type=pa.uint16())
-            column = pa.LargeListArray.from_arrays(offsets[first : last + 1] - begin, values)
-            writer.write_table(pa.table({"tokens": column}, schema=schema))
+    for first in range(0, len(offsets) - 1, rows_per_table):
+        last = min(first + rows_per_table, len(offsets) - 1)
+        begin, end = int(offsets[first]), int(offsets[last])
+        values = pa.array(np.asarray(tokens[begin:end]), type=pa.uint16())
+        column = pa.LargeListArray.from_arrays(offsets[first : last + 1] - begin, values)
+        yield pa.table({"tokens": column}, schema=_token_schema())
+
+
+def write_parquet(docs: Path, path: Path, rows_per_group: int = 1 << 16) -> Path:
+    """The documents as a Parquet file with one `tokens` list<uint16> column (prepare's input)."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetWriter(path, _token_schema(), compression="none") as writer:
+        for table in _token_tables(docs, rows_per_group):
+            writer.write_table(table)
     return path
 
 
-def prepare_ours(docs: Path, output: Path) -> dict[str, Any]:
-    """Runs our `prepare` on the documents' Parquet file into `output` (must not exist).
+def write_arrow(docs: Path, path: Path, rows_per_batch: int = 1 << 16) -> Path:
+    """The documents as an Arrow IPC file of the same column: the token arrays as they are.
+
+    Nothing is decoded to read it (Parquet's levels and pages are), so
+    `prepare` from it compares with Megatron's builder fed memory-mapped
+    arrays: the same token arrays in, only the writing measured.
+    """
+    import pyarrow as pa
+
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, _token_schema()) as writer:
+        for table in _token_tables(docs, rows_per_batch):
+            writer.write_table(table)
+    return path
+
+
+#: `prepare`'s input files by format: the file's name and how it is written.
+PREPARE_INPUTS = {
+    "parquet": ("documents.parquet", write_parquet),
+    "arrow": ("documents.arrow", write_arrow),
+}
+
+
+def prepare_ours(docs: Path, output: Path, input_format: str = "parquet") -> dict[str, Any]:
+    """Runs our `prepare` on the documents written as `input_format` into `output` (new).
 
     Returns the prepare index and the seconds `prepare_corpus` took (the
-    Parquet file is written before the clock starts: it is the input).
+    input file is written before the clock starts: it is the input).
     """
     import time
 
     from xlstm_data.prepare.corpus import prepare_corpus
 
+    name, write = PREPARE_INPUTS[input_format]
     staging = output.parent / f".{output.name}-input"
     fresh_dir(staging)
     try:
-        parquet = write_parquet(docs, staging / "documents.parquet")
+        source = write(docs, staging / name)
         runner_util.settle_writeback()
         started = time.perf_counter()
         index = prepare_corpus(
-            [str(parquet)],
+            [str(source)],
             str(output),
-            input_format="parquet",
+            input_format=input_format,
             field="tokens",
             vocab_size=VOCAB_SIZE,
         )

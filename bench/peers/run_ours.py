@@ -231,7 +231,7 @@ def prepare(task: dict[str, Any]) -> dict[str, Any]:
 
     from bench.peers.corpus import prepare_ours
 
-    result = prepare_ours(Path(task["docs"]), Path(task["output"]))
+    result = prepare_ours(Path(task["docs"]), Path(task["output"]), task.get("input", "parquet"))
     tokens = int(result["index"]["tokens"])
     return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
 
