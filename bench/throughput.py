@@ -13,7 +13,8 @@ several rounds:
   mix (`IterDataset.mix`), batch, and `mp_prefetch` with workers.
 - `ours_host`: our host pipeline, the plan's host steps that the iterator of
   `make_grain_multihost_iterator` iterates (host numpy batches, before any
-  device transfer; `common.our_host_dataset`).
+  device transfer; `common.OurHostSteps`: its chunks, from its workers' slots
+  when it has workers).
 - `ours_global`: the full `PlannedDataIterator` (global jax.Arrays on a
   one-device mesh, background prefetch).
 
@@ -322,7 +323,7 @@ def measure_variant(
     # is also the first round's `ours_global` (it is idle until then: it
     # prefetches only once asked), so no workers are spawned in vain.
     first_global = [ours()]
-    host_dataset = common.our_host_dataset(first_global[0], variant.workers)
+    host_dataset = common.OurHostSteps(first_global[0])
 
     def ours_global() -> xd.PlannedDataIterator:
         return first_global.pop() if first_global else ours()

@@ -197,3 +197,47 @@ def test_plan_mixture_measures_online_updates(results):
         assert figures["updates_per_run"] == 2
         assert figures["updates"]["update_secs"]["median"] > 0
         assert figures["plain"]["update_secs"]["median"] == 0
+
+
+def test_our_host_steps_are_the_iterators_own_steps_read_from_its_workers_slots():
+    """`bench.run throughput`'s `ours_host`: the iterator's own chunk pipeline, step by step.
+
+    With a worker, past the steps computed in this process, each step comes
+    from a worker's slot; every `iter()` starts at step 0 again, and each
+    chunk's slot is given back (else the worker would wait for it forever).
+    """
+    import itertools
+
+    import numpy as np
+
+    from bench import common
+    from xlstm_data import create_mesh, iterators_from_config
+
+    data = {
+        "train": {"a": {"kind": "synthetic", "num_documents": 2000, "mean_length": 80}},
+        "global_batch_size": 8,
+        "max_target_length": 64,
+        "worker_buffer_size": 1,
+    }
+    mesh = create_mesh()
+    inline, _ = iterators_from_config(data, mesh)
+    steps = 80
+    try:
+        expected = [
+            {k: np.asarray(v) for k, v in next(inline).to_dict().items()} for _ in range(steps)
+        ]
+    finally:
+        inline.close()
+    with_workers, _ = iterators_from_config({**data, "worker_count": 1}, mesh)
+    try:
+        host = common.OurHostSteps(with_workers)
+        for take in (steps, 10):  # a second pass starts again at step 0
+            got = [
+                {k: np.array(v) for k, v in fields.items()}
+                for fields in itertools.islice(iter(host), take)
+            ]
+            for step, (fields, want) in enumerate(zip(got, expected, strict=False)):
+                for key, value in fields.items():
+                    np.testing.assert_array_equal(value, want[key], err_msg=f"{step} {key}")
+    finally:
+        with_workers.close()
