@@ -505,6 +505,10 @@ def our_iterator(
     )
 
 
+#: Longest wait for a pipeline's worker processes to start (spawn, imports, first chunk).
+WORKER_START_SECS = 120.0
+
+
 class OurHostSteps:
     """The iterator's host pipeline from step 0, one step's fields at a time, before any device.
 
@@ -518,6 +522,11 @@ class OurHostSteps:
     sent through grain's workers, one new shared-memory segment per step:
     at 2 workers it made 10.7 M tok/s where the iterator's own pipeline
     makes 23-32, a path the iterator had not taken since its chunks and slots.
+    The first step waits until the workers are up: until then the steps are
+    computed here while the workers start (`WorkerHandover`), seconds that
+    fell inside the timed batches in the rounds that warmed this pipeline up
+    after grain's (8-11 M tok/s in those, 24-36 in the others, 2 workers).
+    Their start is timed by `plan_mixture`, not here.
     """
 
     def __init__(self, iterator: Any):
@@ -529,6 +538,9 @@ class OurHostSteps:
 
         pipeline = self._iterator._pipeline(0, None)  # noqa: SLF001 - the iterator's own
         try:
+            started = pipeline._first  # noqa: SLF001 - the workers' start, None without them
+            if started is not None:
+                started.exception(timeout=WORKER_START_SECS)  # a failure is raised by next()
             for chunk in pipeline:
                 block, start = chunk["fields"], 0
                 for rows in chunk["rows"].tolist():
