@@ -509,6 +509,17 @@ def our_iterator(
 WORKER_START_SECS = 120.0
 
 
+def wait_for_workers(pipeline: Any) -> None:
+    """Waits until a host pipeline's workers have made their first chunk (at once without workers).
+
+    `pipeline` is a `WorkerHandover` (`PlannedDataIterator._pipeline`). A
+    failure of the workers is left for its `next()` to raise.
+    """
+    started = pipeline._first  # noqa: SLF001 - the workers' start, None without them
+    if started is not None:
+        started.exception(timeout=WORKER_START_SECS)
+
+
 class OurHostSteps:
     """The iterator's host pipeline from step 0, one step's fields at a time, before any device.
 
@@ -538,9 +549,7 @@ class OurHostSteps:
 
         pipeline = self._iterator._pipeline(0, None)  # noqa: SLF001 - the iterator's own
         try:
-            started = pipeline._first  # noqa: SLF001 - the workers' start, None without them
-            if started is not None:
-                started.exception(timeout=WORKER_START_SECS)  # a failure is raised by next()
+            wait_for_workers(pipeline)
             for chunk in pipeline:
                 block, start = chunk["fields"], 0
                 for rows in chunk["rows"].tolist():

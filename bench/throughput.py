@@ -249,6 +249,8 @@ def _global_tokens_per_sec(make_iterator: Callable[[], Any], sizes: Sizes) -> fl
     try:
         for _ in range(sizes.warmup_batches):
             next(iterator)
+        # Its workers' start is timed by plan_mixture; here, the steady state.
+        common.wait_for_workers(iterator._resources.pipeline)  # noqa: SLF001
         return common.counted_tokens_per_sec(iterator, sizes.timed_batches)
     finally:
         iterator.close()
