@@ -81,6 +81,7 @@ def test_targets_and_summary_rows():
         "w0 cpu ours_best_fit/megatron": harness.summarize([1.5]),
         "prepare ours/megatron": harness.summarize([0.5]),
         "prepare ours_arrow/megatron": harness.summarize([2.5]),
+        "prepare ours_index/megatron": harness.summarize([1.1]),
         "w0 ours_best_fit/ours_best_fit_host": harness.summarize([0.8]),
         "w2 ours_concat/olmo_fsl": None,
     }
@@ -90,6 +91,7 @@ def test_targets_and_summary_rows():
     assert found["w0 cpu ours_best_fit/megatron"]["met"] is False
     assert found["prepare ours/megatron"]["met"] is False
     assert found["prepare ours_arrow/megatron"]["met"] is True
+    assert found["prepare ours_index/megatron"]["met"] is True
     assert found["w0 ours_best_fit/ours_best_fit_host"]["met"] is False  # target 6: >= 0.9
     assert "w2 ours_concat/olmo_fsl" not in found  # not measured: no target
     rows = harness.summary_rows(
@@ -204,6 +206,22 @@ def test_prepare_from_parquet_and_from_arrow_writes_the_same_corpus(tmp_path, mo
     tokens, offsets = corpus.load_documents(docs)
     assert result["index"]["tokens"] == int(offsets[-1])
     assert outputs["arrow"] == outputs["parquet"] and outputs["arrow"]
+
+
+def test_index_counts_the_documents_of_shards_made_elsewhere_again_each_round(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(common.CACHE_ENV, str(tmp_path / "cache"))
+    docs = corpus.write_documents(harness.Settings.create(tiny=True, docs=300).specs()["web"])
+    tokens, offsets = corpus.load_documents(docs)
+    for _ in range(2):  # the second round indexes the same shards again
+        result = corpus.index_ours(docs)
+        assert result["secs"] > 0
+        assert result["index"]["documents"] == len(offsets) - 1
+        assert result["index"]["tokens"] == int(offsets[-1])
+        assert len(result["index"]["shards"]) == corpus.ELSEWHERE_SHARDS
+    lengths = np.load(docs.parent / "array_record" / "lengths.npy")
+    np.testing.assert_array_equal(lengths, np.diff(offsets))
 
 
 def test_target6_pairs_windows_of_both_paths_in_one_process(tmp_path, monkeypatch):

@@ -239,6 +239,56 @@ def prepare_ours(docs: Path, output: Path, input_format: str = "parquet") -> dic
     return {"index": index, "secs": secs}
 
 
+#: ArrayRecord shards of the documents, as another pipeline writes them (`index`'s input).
+ELSEWHERE_SHARDS = 4
+
+
+def write_shards_elsewhere(docs: Path) -> Path:
+    """The documents as int32 ArrayRecord shards, one record per document (cached).
+
+    As a pipeline other than ours writes them (MaxText's: group size 1,
+    ArrayRecord's default compression), with no index: what `xlstm-data
+    index` is for. Kept beside the documents, and only `index.json` and
+    `lengths.npy` change in it.
+    """
+    from xlstm_data.sources.array_record import write_array_record
+
+    directory = docs.parent / "array_record"
+    if is_done(directory):
+        return directory
+    fresh_dir(directory)
+    tokens, offsets = load_documents(docs)
+    count = len(offsets) - 1
+    for shard in range(ELSEWHERE_SHARDS):
+        first, last = shard * count // ELSEWHERE_SHARDS, (shard + 1) * count // ELSEWHERE_SHARDS
+        write_array_record(
+            directory / f"shard-{shard:05d}.array_record",
+            (tokens[offsets[i] : offsets[i + 1]] for i in range(first, last)),
+        )
+    mark_done(directory, {"shards": ELSEWHERE_SHARDS})
+    return directory
+
+
+def index_ours(docs: Path) -> dict[str, Any]:
+    """Runs our `index` over the documents' ArrayRecord shards made elsewhere.
+
+    Returns the index and the seconds `index_shards` took. An index of an
+    earlier round is removed first; its shards stay (they are the input).
+    """
+    import time
+
+    from xlstm_data.prepare.index_shards import index_shards
+    from xlstm_data.sources.corpus_index import INDEX_FILE, LENGTHS_FILE
+
+    directory = write_shards_elsewhere(docs)
+    for name in (INDEX_FILE, LENGTHS_FILE):
+        (directory / name).unlink(missing_ok=True)
+    runner_util.settle_writeback()
+    started = time.perf_counter()
+    index = index_shards(str(directory / "*.array_record"), vocab_size=VOCAB_SIZE)
+    return {"index": index, "secs": time.perf_counter() - started}
+
+
 def write_ours(spec: DocSpec) -> Path:
     """Our prepared copy of the documents (cached)."""
     directory = corpus_dir(spec) / "ours"

@@ -236,11 +236,23 @@ def prepare(task: dict[str, Any]) -> dict[str, Any]:
     return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
 
 
+def index(task: dict[str, Any]) -> dict[str, Any]:
+    """`xlstm-data index` over ArrayRecord shards of the documents written elsewhere."""
+    from pathlib import Path
+
+    from bench.peers.corpus import index_ours
+
+    result = index_ours(Path(task["docs"]))
+    tokens = int(result["index"]["tokens"])
+    return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
+
+
 TASKS = {
     "throughput": throughput,
     "paired": paired,
     "cold_start": cold_start,
     "prepare": prepare,
+    "index": index,
 }
 
 
