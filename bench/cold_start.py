@@ -115,17 +115,17 @@ def first_batch_file(documents: int) -> tuple[Path, np.ndarray]:
     """The ArrayRecord file of the documents the first batch reads, and their indices.
 
     The first batch is a chunk of its own, and the prefetch thread goes on
-    with the next chunk (`chunk_rows` rows of steps) before the iterator is
+    with the next chunk (`chunk_steps` steps) before the iterator is
     closed, so the documents of those steps are stored too.
     """
     from xlstm_data.plan.global_plan import HostPlanner
-    from xlstm_data.reading.planned_batches import chunk_rows
+    from xlstm_data.reading.planned_batches import chunk_steps
     from xlstm_data.sources import write_array_record
 
     index = lengths_index(documents)
     lengths = np.load(index, mmap_mode="r")
     planner = HostPlanner(_plan(lengths), 0, 1)
-    steps = 1 + max(1, chunk_rows(ROW_LENGTH) // BATCH_SIZE)
+    steps = 1 + chunk_steps(ROW_LENGTH, BATCH_SIZE)
     wanted = np.unique(np.concatenate([planner.pieces_at(step).document for step in range(steps)]))
     path = index.with_name(f"first-{steps}-steps-{documents}.array_record")
     if not path.exists():

@@ -66,7 +66,7 @@ from xlstm_data.reading.planned_batches import (
     BlockPlacement,
     PlannedBatchDataset,
     PlannedChunkDataset,
-    chunk_rows,
+    chunk_steps,
 )
 from xlstm_data.reading.row_assembly import FIELDS
 from xlstm_data.sources.identity import dataset_files, dataset_identities
@@ -293,14 +293,14 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         return SlotRing(self.worker_count, slots, block_bytes)
 
     def _steps_per_chunk(self) -> int:
-        """Steps per chunk of the host pipeline: `chunk_rows` rows of the largest host batch.
+        """Steps per chunk of the host pipeline: `chunk_steps` of the largest host batch.
 
         With workers, halved until 2 slots a worker fit in half of the free
         shared memory (`slots_that_fit`; a default Docker container has 64
         MB): smaller chunks through the slots cost less than grain's new
         segment per chunk. Where none fits, whole chunks go through grain.
         """
-        whole = max(1, chunk_rows(self.plan.spec.row_length) // self._largest_host_rows())
+        whole = chunk_steps(self.plan.spec.row_length, self._largest_host_rows())
         if not self.worker_count:
             return whole
         steps = whole

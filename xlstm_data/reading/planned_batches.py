@@ -57,6 +57,11 @@ def chunk_rows(row_length: int) -> int:
     return max(1, min(CHUNK_ROWS_MAX, CHUNK_TOKENS // max(int(row_length), 1)))
 
 
+def chunk_steps(row_length: int, host_rows: int) -> int:
+    """Steps of `host_rows` rows of `row_length` in a whole chunk (`chunk_rows`), at least one."""
+    return max(1, chunk_rows(row_length) // max(int(host_rows), 1))
+
+
 class BlockPlacement(Protocol):
     """Places chunk blocks (`assemble_rows`'s `empty`) and names them for the hand-over."""
 
@@ -201,7 +206,7 @@ class PlannedBatchDataset(grain.MapDataset):
         if stride <= 0:
             return [index]
         rows = self._host_planner().host_rows(self._skips.data_step(self._start_step + index))[1]
-        count = max(1, chunk_rows(self._plan.spec.row_length) // max(rows, 1))
+        count = chunk_steps(self._plan.spec.row_length, rows)
         return list(range(index, min(index + count * stride, len(self)), stride))
 
     def _host_planner(self) -> HostPlanner:
