@@ -94,6 +94,7 @@ def test_memory(results):
     result = _load(results, "memory")
     (run_,) = result["runs"]
     assert run_["steps"][0] == 1 and run_["steps"][-1] == 400
+    assert run_["rss_after_process_warmup_mb"] > 0  # a throwaway iterator ran first
     assert all(math.isfinite(v) and v > 0 for v in run_["rss_mb"])
     assert math.isfinite(result["growth_mb"]["median"])
     soak = result["worker_soak"]
