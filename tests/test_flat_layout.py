@@ -331,3 +331,22 @@ def test_parts_hold_the_shards_dtype_and_an_int32_part_of_an_earlier_version_sti
     assert len(source) == len(documents)
     for got, want in zip(source.read_many(np.arange(len(documents))), documents, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_an_int32_part_with_an_id_the_shards_dtype_cannot_hold_fails_naming_it(tmp_path):
+    """Narrowing an earlier version's int32 part is checked: an id would wrap without a sound."""
+    documents = _documents()
+    np.savez(tmp_path / "ids.npz", *documents)
+    out = tmp_path / "flat"
+    prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)
+    (marker,) = (out / ".prepare" / "parts").glob("*.done.json")
+    summary = json.loads(marker.read_text())
+    del summary["token_dtype"]
+    marker.write_text(json.dumps(summary))
+    ids = np.concatenate(documents).astype("<i4")
+    ids[len(ids) // 2] = 70_000  # the work file was changed: does not fit in uint16
+    marker.with_name(marker.name.replace(".done.json", ".tokens")).write_bytes(ids.tobytes())
+    for done in (out / ".prepare" / "shards").glob("*.done.json"):
+        done.unlink()
+    with pytest.raises(DataReadError, match=r"holds id 70000 .*outside \[0, 65535\]"):
+        prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)

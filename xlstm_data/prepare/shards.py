@@ -348,17 +348,21 @@ def write_shard(
 def _write_flat(task: ShardTask, final: str, chunks: Iterator[np.ndarray]) -> None:
     """Writes a flat shard's tokens file: the documents' ids back to back, as `token_dtype`.
 
-    The ids were checked against the vocabulary when their part was tokenized;
-    they are checked again here, one pass per chunk, because a narrowing cast
-    would wrap an id that does not fit without a sound.
+    The ids were checked against the vocabulary when their part was tokenized.
+    A part of an earlier version holds int32 ids, which are checked again
+    here, one pass per chunk, because a narrowing cast would wrap an id that
+    does not fit without a sound; a part in the shard's dtype needs no cast,
+    so no pass (two reductions over every id).
     """
     assert task.token_dtype is not None
     dtype = np.dtype(task.token_dtype).newbyteorder("<")
     upper = int(np.iinfo(dtype).max)
+
+    def checked(chunk: np.ndarray) -> np.ndarray:
+        return chunk if np.can_cast(chunk.dtype, dtype, "safe") else _narrowed(chunk, upper)
+
     try:
-        paths.write_npy_in_pieces(
-            final, (_narrowed(chunk, upper) for chunk in chunks), task.tokens, dtype
-        )
+        paths.write_npy_in_pieces(final, (checked(chunk) for chunk in chunks), task.tokens, dtype)
     except ValueError as error:
         raise DataReadError(
             f"prepare: shard {task.file}: {error}, planned {task.tokens} tokens: an input "
