@@ -301,6 +301,23 @@ def test_workers_read_flat_shards_as_the_main_process_does(corpora):
                 np.testing.assert_array_equal(x[key], y[key], err_msg=f"{other} {key}")
 
 
+def _as_an_earlier_versions_part(out: Path, ids: np.ndarray) -> Path:
+    """Makes the one part of `out` one an earlier version wrote: int32 `ids`, no dtype named.
+
+    Every shard's marker is removed, so a rerun rewrites the shards from it.
+    Returns the part's marker.
+    """
+    (marker,) = (out / ".prepare" / "parts").glob("*.done.json")
+    summary = json.loads(marker.read_text())
+    assert summary["token_dtype"] == "<u2"
+    del summary["token_dtype"]
+    marker.write_text(json.dumps(summary))
+    marker.with_name(marker.name.replace(".done.json", ".tokens")).write_bytes(ids.tobytes())
+    for done in (out / ".prepare" / "shards").glob("*.done.json"):
+        done.unlink()
+    return marker
+
+
 def test_parts_hold_the_shards_dtype_and_an_int32_part_of_an_earlier_version_still_reads(
     tmp_path,
 ):
@@ -313,16 +330,7 @@ def test_parts_hold_the_shards_dtype_and_an_int32_part_of_an_earlier_version_sti
     np.savez(tmp_path / "ids.npz", *documents)
     out = tmp_path / "flat"
     prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)
-    (marker,) = (out / ".prepare" / "parts").glob("*.done.json")
-    summary = json.loads(marker.read_text())
-    assert summary["token_dtype"] == "<u2"
-    # The earlier version's part: int32 ids, a marker without the dtype; every shard to redo.
-    del summary["token_dtype"]
-    marker.write_text(json.dumps(summary))
-    tokens = marker.with_name(marker.name.replace(".done.json", ".tokens"))
-    tokens.write_bytes(np.concatenate(documents).astype("<i4").tobytes())
-    for done in (out / ".prepare" / "shards").glob("*.done.json"):
-        done.unlink()
+    marker = _as_an_earlier_versions_part(out, np.concatenate(documents).astype("<i4"))
     for shard in out.glob("shard-*.npy"):
         shard.unlink()
     prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)
@@ -339,14 +347,8 @@ def test_an_int32_part_with_an_id_the_shards_dtype_cannot_hold_fails_naming_it(t
     np.savez(tmp_path / "ids.npz", *documents)
     out = tmp_path / "flat"
     prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)
-    (marker,) = (out / ".prepare" / "parts").glob("*.done.json")
-    summary = json.loads(marker.read_text())
-    del summary["token_dtype"]
-    marker.write_text(json.dumps(summary))
     ids = np.concatenate(documents).astype("<i4")
     ids[len(ids) // 2] = 70_000  # the work file was changed: does not fit in uint16
-    marker.with_name(marker.name.replace(".done.json", ".tokens")).write_bytes(ids.tobytes())
-    for done in (out / ".prepare" / "shards").glob("*.done.json"):
-        done.unlink()
+    _as_an_earlier_versions_part(out, ids)
     with pytest.raises(DataReadError, match=r"holds id 70000 .*outside \[0, 65535\]"):
         prepare_corpus([str(tmp_path / "ids.npz")], str(out), num_shards=4)

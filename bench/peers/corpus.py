@@ -169,12 +169,13 @@ def _token_tables(docs: Path, rows_per_table: int) -> Iterator[Any]:
     import pyarrow as pa
 
     tokens, offsets = load_documents(docs)
+    schema = _token_schema()
     for first in range(0, len(offsets) - 1, rows_per_table):
         last = min(first + rows_per_table, len(offsets) - 1)
         begin, end = int(offsets[first]), int(offsets[last])
         values = pa.array(np.asarray(tokens[begin:end]), type=pa.uint16())
         column = pa.LargeListArray.from_arrays(offsets[first : last + 1] - begin, values)
-        yield pa.table({"tokens": column}, schema=_token_schema())
+        yield pa.table({"tokens": column}, schema=schema)
 
 
 def write_parquet(docs: Path, path: Path, rows_per_group: int = 1 << 16) -> Path:

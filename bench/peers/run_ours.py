@@ -231,9 +231,9 @@ def prepare(task: dict[str, Any]) -> dict[str, Any]:
 
     from bench.peers.corpus import prepare_ours
 
-    result = prepare_ours(Path(task["docs"]), Path(task["output"]), task.get("input", "parquet"))
-    tokens = int(result["index"]["tokens"])
-    return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
+    return _token_rate(
+        prepare_ours(Path(task["docs"]), Path(task["output"]), task.get("input", "parquet"))
+    )
 
 
 def index(task: dict[str, Any]) -> dict[str, Any]:
@@ -242,7 +242,11 @@ def index(task: dict[str, Any]) -> dict[str, Any]:
 
     from bench.peers.corpus import index_ours
 
-    result = index_ours(Path(task["docs"]))
+    return _token_rate(index_ours(Path(task["docs"])))
+
+
+def _token_rate(result: dict[str, Any]) -> dict[str, Any]:
+    """Seconds, tokens and tokens/s of a timed `prepare` or `index` (its index and secs)."""
     tokens = int(result["index"]["tokens"])
     return {"secs": result["secs"], "tokens": tokens, "tokens_per_sec": tokens / result["secs"]}
 
