@@ -26,9 +26,8 @@ source pickles to grain workers as a few paths.
 from __future__ import annotations
 
 import mmap
-import threading
 from collections.abc import Sequence
-from typing import Any, SupportsIndex
+from typing import SupportsIndex
 
 import numpy as np
 from absl import logging
@@ -39,7 +38,6 @@ from xlstm_data.sources.base import (
     TokenizerSpec,
     TokenSource,
     _check_vocab_size,
-    _checked_int32,
     expand_files,
 )
 from xlstm_data.sources.corpus_index import (
@@ -48,6 +46,7 @@ from xlstm_data.sources.corpus_index import (
     prepared_corpus,
     prepared_tokenizer,
 )
+from xlstm_data.sources.token_shards import MappedShard, ShardFiles, TokenShards
 from xlstm_data.sources.tokenizers import get_tokenizer
 
 TOKENS_SUFFIX = ".tokens.npy"
@@ -134,19 +133,23 @@ class FlatTokenSource(TokenSource):
         self.vocab_size = prepared.vocab_size if explicit_vocab is None else explicit_vocab
         assert prepared.token_dtype is not None
         self._dtype = np.dtype(prepared.token_dtype).newbyteorder("<")
-        # The dtype alone bounds uint16 ids under a vocabulary of 65,536 or more.
-        self._check_ids = self.vocab_size <= int(np.iinfo(self._dtype).max)
         self._documents = np.asarray(prepared.documents, dtype=np.int64)
         self._tokens = np.asarray([s[3] for s in prepared.slices], dtype=np.int64)
-        self._ends = np.cumsum(self._documents)
-        self._starts = self._ends - self._documents
-        self._num_documents = int(self._ends[-1])
+        self._num_documents = int(self._documents.sum())
         if self._num_documents == 0:
             raise DataConfigError(
                 f"FlatTokenSource: pattern={pattern!r} matched {len(self._files)} shard(s) but "
                 "they hold no documents; point it at non-empty shards."
             )
-        self._init_maps()
+        self._shards = TokenShards(
+            ShardFiles(
+                "FlatTokenSource", self._files, [offsets_path(f) for f in self._files], _REWRITE
+            ),
+            self._documents,
+            self._open,
+            self.vocab_size,
+            self._dtype,
+        )
         logging.info(
             "FlatTokenSource: %d documents in %d shards (%s ... %s), %s ids, vocab_size=%d.",
             self._num_documents,
@@ -157,33 +160,7 @@ class FlatTokenSource(TokenSource):
             self.vocab_size,
         )
 
-    # Memory maps, one pair per shard and process ------------------------------
-
-    def _init_maps(self) -> None:
-        self._maps: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self._files)
-        self._maps_lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Drops the maps and their lock (mapped again in the process that reads)."""
-        state = self.__dict__.copy()
-        del state["_maps"], state["_maps_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_maps()
-
-    def _map(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, offsets) of shard `shard` as plain arrays over memory maps (thread-safe)."""
-        arrays = self._maps[shard]
-        if arrays is None:
-            with self._maps_lock:
-                arrays = self._maps[shard]
-                if arrays is None:
-                    arrays = self._maps[shard] = self._open(shard)
-        return arrays
-
-    def _open(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+    def _open(self, shard: int) -> MappedShard:
         """Maps a shard's two files and checks they are what the index says."""
         path = self._files[shard]
         documents, tokens = int(self._documents[shard]), int(self._tokens[shard])
@@ -196,7 +173,7 @@ class FlatTokenSource(TokenSource):
                 f"{int(offsets[-1])}, but its shard holds {tokens} tokens (offsets must run from "
                 f"0 to {tokens}); the file is damaged: {_REWRITE}."
             )
-        return tokens_array, offsets
+        return MappedShard(tokens_array, offsets[:-1], offsets[1:])
 
     def check_files(self) -> None:
         """Checks every shard's headers and offsets' ends now, before training reads any.
@@ -211,8 +188,7 @@ class FlatTokenSource(TokenSource):
         Raises:
           DataReadError: Naming the damaged file (see `_open`).
         """
-        for shard in range(len(self._files)):
-            self._map(shard)
+        self._shards.open_all()
 
     # Reading ------------------------------------------------------------------
 
@@ -266,72 +242,7 @@ class FlatTokenSource(TokenSource):
           DataReadError: If a shard is damaged or holds an id outside the
             vocabulary, naming the file and document.
         """
-        index = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = self._num_documents
-        if index.size == 0:
-            return []
-        low, high = int(index.min()), int(index.max())
-        if low < -n or high >= n:
-            bad = int(index[(index < -n) | (index >= n)][0])
-            raise IndexError(
-                f"FlatTokenSource: index {bad} is out of range; valid indices are 0..{n - 1}."
-            )
-        if low < 0:
-            index = np.where(index < 0, index + n, index)
-        if len(self._files) == 1:
-            views = self._read_shard(0, index, index)
-        else:
-            shard_of = np.searchsorted(self._ends, index, side="right")
-            first = int(shard_of[0])
-            if (shard_of == first).all():
-                views = self._read_shard(first, index - self._starts[first], index)
-            else:
-                views = [None] * len(index)
-                for shard in np.unique(shard_of).tolist():
-                    chosen = np.flatnonzero(shard_of == shard)
-                    read = self._read_shard(
-                        shard, index[chosen] - self._starts[shard], index[chosen]
-                    )
-                    for j, tokens in zip(chosen.tolist(), read, strict=True):
-                        views[j] = tokens
-        if self._check_ids:
-            self._check_vocabulary(views, index)
-        return views
-
-    def _read_shard(
-        self, shard: int, local: np.ndarray, global_index: np.ndarray
-    ) -> list[np.ndarray]:
-        """Documents `local` of one shard: slices of its memory map (offsets checked)."""
-        tokens, offsets = self._map(shard)
-        begin = offsets[local]
-        end = offsets[local + 1]
-        if not ((begin <= end).all() and int(begin.min()) >= 0 and int(end.max()) <= len(tokens)):
-            bad = int(np.flatnonzero((begin > end) | (begin < 0) | (end > len(tokens)))[0])
-            raise DataReadError(
-                f"FlatTokenSource: {offsets_path(self._files[shard])}: document "
-                f"{int(local[bad])} (global index {int(global_index[bad])}) has offsets "
-                f"{int(begin[bad])}..{int(end[bad])}, outside its shard's {len(tokens)} tokens "
-                f"or decreasing; the file is damaged: {_REWRITE}."
-            )
-        return [tokens[a:b] for a, b in zip(begin.tolist(), end.tolist(), strict=True)]
-
-    def _check_vocabulary(self, views: list[np.ndarray], index: np.ndarray) -> None:
-        """Every id read must be below `vocab_size`: one max over all of them.
-
-        Only when that fails are the documents checked one by one, so the
-        error names the file and the document.
-        """
-        joined = views[0] if len(views) == 1 else np.concatenate(views)
-        if not joined.size or int(joined.max()) < self.vocab_size:
-            return
-        for view, g in zip(views, index.tolist(), strict=True):
-            shard = int(np.searchsorted(self._ends, g, side="right"))
-            local = g - int(self._starts[shard])
-            _checked_int32(
-                view,
-                self.vocab_size,
-                f"FlatTokenSource: document {local} of {self._files[shard]!r} (global index {g})",
-            )
+        return self._shards.read_many(indices)
 
     def __repr__(self) -> str:
         files = (
