@@ -35,6 +35,13 @@ SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
         "tokenizer": (False, None),
         "vocab_size": (False, None),
     },
+    "megatron": {
+        "path": (True, None),
+        "vocab_size": (False, None),
+        # None: no tokenizer (Megatron's files record none); the dtype bounds the ids.
+        "tokenizer": (False, None),
+        "end_of_document": (False, None),
+    },
     "text": {"path": (True, None), "unit": (False, "line"), "tokenizer": (False, "byte")},
     "jsonl": {"path": (True, None), "field": (False, "text"), "tokenizer": (False, "byte")},
     "synthetic": {
@@ -170,6 +177,15 @@ class SourceConfig:
                 vocab_size=o["vocab_size"],
                 unprepared_tokenizer="byte",  # unprepared ids stay checked, as documented
             )
+        if self.kind == "megatron":  # Megatron-LM's .bin/.idx, read in place
+            from xlstm_data.sources.megatron_indexed import MegatronIndexedSource
+
+            return MegatronIndexedSource(
+                o["path"],
+                vocab_size=o["vocab_size"],
+                tokenizer=o["tokenizer"],
+                end_of_document=o["end_of_document"],
+            )
         if self.kind in ("text", "jsonl"):
             from xlstm_data.sources import TextFileSource
 
@@ -292,6 +308,10 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
         options[option] = value
     if kind == "array_record":  # a prepared directory, or a glob of shards
         shard_files(options["path"], f"{key}.path")
+    elif kind == "megatron":  # prefixes, not files
+        from xlstm_data.sources.megatron_indexed import megatron_prefixes
+
+        megatron_prefixes(options["path"], f"{key}.path")
     elif "path" in options:
         expand_files(options["path"], f"{key}.path")  # what the source will open
     weight = spec.get("weight", 1.0)

@@ -1,0 +1,283 @@
+"""Megatron-LM `.bin`/`.idx` corpora train in place (`kind: "megatron"`).
+
+The corpora under `tests/fixtures/megatron/` were written by megatron-core's
+own `IndexedDatasetBuilder` (`make_fixture.py`, run in the peers' venv), not
+by this package: one uint16 corpus with the end-of-document id appended to
+every document and merged from two with `add_index`, one int32 corpus of
+documents of several sentences. `documents.npz` holds the documents as they
+were given to the builder.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xlstm_data as xd
+from tests.multiprocess import REPO
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.prepare.corpus import prepare_corpus
+from xlstm_data.sources.megatron_indexed import MegatronIndexedSource
+
+FIXTURES = Path(__file__).parent / "fixtures" / "megatron"
+WEB = str(FIXTURES / "web_text_document")
+CODE = str(FIXTURES / "code_text_sentence")
+EOD = 50256
+
+
+def _documents(name: str) -> list[np.ndarray]:
+    stored = np.load(FIXTURES / "documents.npz")
+    return np.split(stored[name], np.cumsum(stored[f"{name}_lengths"])[:-1])
+
+
+def _copy(tmp_path: Path, prefix: str) -> str:
+    for suffix in (".bin", ".idx"):
+        shutil.copy(prefix + suffix, tmp_path / (Path(prefix).name + suffix))
+    return str(tmp_path / Path(prefix).name)
+
+
+def _batches(data: dict, steps: int) -> list[dict[str, np.ndarray]]:
+    train, evals = xd.iterators_from_config(data, xd.create_mesh())
+    for iterator in evals.values():
+        iterator.close()
+    try:
+        return [{k: np.asarray(v) for k, v in next(train).to_dict().items()} for _ in range(steps)]
+    finally:
+        train.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=40))
+def test_every_document_megatron_core_wrote_reads_back_in_any_order(picks):
+    """Both corpora, each document as given to the builder; repeats and negative indices."""
+    for source, documents in (
+        (MegatronIndexedSource(WEB, end_of_document=EOD), _documents("web")),
+        (MegatronIndexedSource(CODE, vocab_size=100_000), _documents("code")),
+    ):
+        n = len(documents)
+        assert source.lengths().tolist() == [len(d) for d in documents]
+        index = [p % (2 * n) - n for p in picks]  # in [-n, n)
+        for got, i in zip(source.read_many(index), index, strict=True):
+            np.testing.assert_array_equal(got, documents[i % n])
+            assert not got.flags.writeable
+    assert source.token_dtype == np.int32
+
+
+def test_the_stored_end_of_document_is_part_of_a_document_read_without_end_of_document():
+    plain = MegatronIndexedSource(WEB)
+    np.testing.assert_array_equal(plain.read_many([3])[0], [*_documents("web")[3], EOD])
+    assert plain.token_dtype == np.uint16 and plain.vocab_size == 65536
+    with pytest.raises(DataReadError, match="different dtypes"):
+        MegatronIndexedSource([WEB, CODE], vocab_size=100_000)
+
+
+def test_documents_of_several_sentences_read_as_one():
+    stored = np.load(FIXTURES / "documents.npz")
+    assert (stored["code_sentences"] > 1).any()  # the fixture has such documents
+    source = MegatronIndexedSource(CODE, vocab_size=100_000)
+    assert len(source) == 25 and source.tokenizer is None
+    np.testing.assert_array_equal(source[24]["tokens"], _documents("code")[24])
+
+
+def test_a_megatron_corpus_trains_to_the_batches_of_the_same_documents_prepared_here(tmp_path):
+    """Same lengths, same plan: the batches equal those of `prepare`'s flat shards.
+
+    The stored end-of-document id is read as the end of each document, so it
+    appears once per document, where packing puts it, never twice in a row.
+    """
+    documents = _documents("web")
+    np.savez(tmp_path / "ids.npz", *documents)
+    prepared = tmp_path / "prepared"
+    prepare_corpus([str(tmp_path / "ids.npz")], str(prepared), num_shards=2, vocab_size=65536)
+    common = {"global_batch_size": 4, "max_target_length": 64, "eod_token_id": EOD}
+    ours = _batches(
+        {"train": {"web": {"kind": "array_record", "path": str(prepared)}}, **common}, 12
+    )
+    megatron = {"kind": "megatron", "path": WEB, "end_of_document": EOD}
+    theirs = _batches({"train": {"web": megatron}, **common}, 12)
+    for x, y in zip(ours, theirs, strict=True):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+    for batch in theirs:  # an end-of-document id only ends a document's piece
+        for targets, segments in zip(batch["targets"], batch["targets_segmentation"], strict=True):
+            for segment in set(segments.tolist()) - {0}:
+                assert EOD not in targets[segments == segment][:-1].tolist()
+    # Unset, the run's end-of-document id is the one the corpus stores.
+    unset = _batches(
+        {"train": {"web": megatron}, "global_batch_size": 4, "max_target_length": 64}, 2
+    )
+    np.testing.assert_array_equal(unset[1]["targets"], theirs[1]["targets"])
+
+
+def _read_in_this_process(source: MegatronIndexedSource) -> list[list[int]]:
+    return [d.tolist() for d in source.read_many(range(len(source)))]
+
+
+def test_a_source_sent_to_another_process_maps_the_corpus_there():
+    """What grain's workers get: the source pickled as paths, its maps made in the worker."""
+    source = MegatronIndexedSource(CODE, vocab_size=100_000)
+    source.check_files()  # mapped here; the maps do not travel
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        there = pool.apply(_read_in_this_process, (source,))
+    assert there == [d.tolist() for d in _documents("code")]
+
+
+def test_the_readme_megatron_config_trains_as_written(tmp_path):
+    """The README's block, its paths pointed at the fixtures."""
+    readme = (REPO / "README.md").read_text()
+    (block,) = re.findall(
+        r"```text\n(data\.train = \{\"web\": \{\"kind\": \"megatron\".*?)```", readme, re.S
+    )
+    data = {}
+    exec(
+        block.replace("/data/megatron/web_text_document", WEB).replace(
+            "/data/megatron/code_text_sentence", CODE
+        ),
+        {},
+        {"data": _Data(data)},
+    )
+    batches = _batches({**data, "global_batch_size": 4, "max_target_length": 64}, 3)
+    assert batches[0]["inputs"].shape == (4, 64)
+
+
+class _Data:
+    """Records `data.key = value` as the config lines of the README do."""
+
+    def __init__(self, into: dict):
+        object.__setattr__(self, "_into", into)
+
+    def __setattr__(self, key, value):
+        self._into[key] = value
+
+
+# Bad input ---------------------------------------------------------------------
+
+
+def test_a_corpus_with_stored_end_of_document_ids_read_without_end_of_document_is_refused():
+    data = {
+        "train": {"web": {"kind": "megatron", "path": WEB}},
+        "global_batch_size": 4,
+        "max_target_length": 64,
+        "eod_token_id": EOD,
+    }
+    with pytest.raises(DataConfigError) as error:
+        xd.iterators_from_config(data, xd.create_mesh())
+    message = str(error.value)
+    assert "data.train.web" in message and f"data.train.web.end_of_document={EOD}" in message
+    assert "two in a row" in message
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"path": "/nonexistent/corpus"}, r"data\.train\.x\.path=.*corpus\.bin does not exist"),
+        ({"path": str(FIXTURES / "*.nothing")}, r"matches no \.bin or \.idx"),
+        ({"path": CODE}, r"stores int32 ids.*set vocab_size"),
+        ({"path": WEB, "end_of_document": "eod"}, r"end_of_document='eod' is not an id"),
+        (
+            {"path": WEB, "end_of_document": 70_000},
+            r"end_of_document=70000 is not an id in \[0, 65536\)",
+        ),
+        ({"path": WEB, "vocab_size": 0}, r"vocab_size=0 is invalid"),
+        ({"path": WEB, "colour": 1}, r"unknown keys \['colour'\]"),
+        (
+            {"path": CODE, "vocab_size": 100_000, "end_of_document": 7},
+            r"document 0 ends with id .*, not end_of_document=7",
+        ),
+        (
+            {"path": WEB, "vocab_size": 30_000, "end_of_document": EOD},
+            r"end_of_document=50256 is not an id in \[0, 30000\)",
+        ),
+    ],
+)
+def test_a_bad_megatron_source_is_one_error_naming_its_key(spec, match):
+    data = {
+        "train": {"x": {"kind": "megatron", **spec}},
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    with pytest.raises((DataConfigError, DataReadError), match=match) as error:
+        _batches(data, 1)
+    assert "data.train.x" in str(error.value)
+
+
+def test_ids_outside_the_vocabulary_name_the_file_and_document():
+    source = MegatronIndexedSource(CODE, vocab_size=50_000)
+    code = _documents("code")
+    bad = next(i for i, d in enumerate(code) if d.max() >= 50_000)
+    with pytest.raises(
+        DataReadError, match=rf"document {bad} of .*code_text_sentence\.bin.*outside \[0, 50000\)"
+    ):
+        source.read_many([bad])
+
+
+def test_damaged_files_are_one_error_naming_the_file(tmp_path):
+    prefix = _copy(tmp_path, WEB)
+    idx = Path(prefix + ".idx").read_bytes()
+    bin_bytes = Path(prefix + ".bin").read_bytes()
+
+    Path(prefix + ".bin").write_bytes(bin_bytes[:-2])  # one id short
+    with pytest.raises(
+        DataReadError, match=r"web_text_document\.bin: .* bytes, but .*\.idx places"
+    ):
+        MegatronIndexedSource(prefix, end_of_document=EOD).check_files()
+    Path(prefix + ".bin").write_bytes(bin_bytes)
+
+    Path(prefix + ".idx").write_bytes(b"NOTANIDX" + idx[8:])
+    with pytest.raises(DataReadError, match=r"web_text_document\.idx: not a Megatron index"):
+        MegatronIndexedSource(prefix)
+    Path(prefix + ".idx").write_bytes(idx[:-8])
+    with pytest.raises(DataReadError, match=r"\.idx: \d+ bytes, but its header .* truncated"):
+        MegatronIndexedSource(prefix)
+    Path(prefix + ".idx").write_bytes(idx[:17] + struct.pack("<B", 6) + idx[18:])
+    with pytest.raises(DataReadError, match=r"dtype code 6 is not an integer id dtype"):
+        MegatronIndexedSource(prefix)
+    Path(prefix + ".idx").write_bytes(idx[:9] + struct.pack("<Q", 2) + idx[17:])
+    with pytest.raises(DataReadError, match=r"index version 2"):
+        MegatronIndexedSource(prefix)
+    sequences = struct.unpack("<Q", idx[18:26])[0]
+    pointers = 34 + 4 * sequences
+    moved = bytearray(idx)
+    moved[pointers + 8 : pointers + 16] = struct.pack("<q", 10**9)  # document 1 far outside
+    Path(prefix + ".idx").write_bytes(bytes(moved))
+    with pytest.raises(DataReadError, match=r"\.idx: document 1 .*spans ids .*damaged"):
+        MegatronIndexedSource(prefix).read_many([1])
+
+
+def test_documents_that_all_end_with_another_id_than_the_runs_are_warned_about(caplog):
+    data = {
+        "train": {"web": {"kind": "megatron", "path": WEB}},
+        "global_batch_size": 4,
+        "max_target_length": 64,
+        "eod_token_id": 5,
+    }
+    with caplog.at_level("WARNING"):
+        _batches(data, 1)
+    (warning,) = [r.getMessage() for r in caplog.records if "documents looked at" in r.getMessage()]
+    assert f"ends with id {EOD}" in warning and f"data.train.web.end_of_document={EOD}" in warning
+
+
+def test_a_tokenizer_and_an_end_of_document_that_disagree_are_refused():
+    data = {
+        "train": {
+            "web": {
+                "kind": "megatron",
+                "path": WEB,
+                "tokenizer": "byte",
+                "vocab_size": 65536,
+                "end_of_document": EOD,
+            }
+        },
+        "global_batch_size": 4,
+        "max_target_length": 64,
+    }
+    with pytest.raises(DataConfigError, match=r"data\.train\.web\.end_of_document=50256 disagrees"):
+        _batches(data, 1)

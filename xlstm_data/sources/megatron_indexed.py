@@ -1,0 +1,431 @@
+"""Megatron-LM's `.bin`/`.idx` corpora, read in place: no `prepare`, no copy.
+
+A user who trains with Megatron-LM has corpora written by its
+`tools/preprocess_data.py` (`IndexedDatasetBuilder`): per prefix, a `.bin`
+of every id back to back and an `.idx` that says where each sequence lies.
+They are the flat layout under another index, so this source memory-maps
+them as they are; converting a 10^9-token corpus with `prepare` would cost
+minutes and a second copy on disk.
+
+The `.idx` (every integer little-endian): the 9 bytes `MMIDIDX\\0\\0`; uint64
+version 1; uint8 dtype code (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64,
+8 uint16; 6 and 7 are floats, refused); uint64 sequence count S; uint64
+document count D (document boundaries: documents + 1); int32 sequence
+lengths [S]; int64 sequence byte offsets into the `.bin` [S]; int64 document
+boundaries [D], in sequences (document d is sequences `[b[d], b[d + 1])`);
+and, for multimodal corpora, int8 sequence modes [S]. A document of several
+sequences (`--split-sentences`) is read as one document: its sequences lie
+back to back in the `.bin`, which is checked when the shard is opened.
+
+Megatron's preprocessing appends the tokenizer's end-of-document id to every
+document when asked (`--append-eod`), while this package appends one when it
+packs. `end_of_document` names that stored id: each document must end with
+it (checked on every read) and is read without it, so it is not doubled. A
+source left without it whose documents do end with the run's id is refused
+(`resolve_eod_token_id`): it would otherwise train on two in a row, silently.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+from collections.abc import Sequence
+from typing import SupportsIndex
+
+import numpy as np
+from absl import logging
+
+from xlstm_data.errors import DataConfigError, DataReadError
+from xlstm_data.sources.base import PathPattern, TokenizerSpec, TokenSource, _check_vocab_size
+from xlstm_data.sources.token_shards import MappedShard, ShardFiles, TokenShards
+from xlstm_data.sources.tokenizers import Tokenizer, get_tokenizer
+
+MAGIC = b"MMIDIDX\x00\x00"
+#: `.idx` dtype codes of integer ids (Megatron's `DType`).
+DTYPE_CODES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 8: "<u2"}
+_HEADER = len(MAGIC) + 8 + 1 + 8 + 8
+_REMEDY = "write the corpus again with Megatron's tools/preprocess_data.py"
+#: Documents whose last id is looked at to find a stored end-of-document id.
+SAMPLED_ENDS = 64
+
+
+def megatron_prefixes(path: PathPattern, arg: str = "path") -> list[str]:
+    """The corpus prefixes `path` names, each with its `.bin` and `.idx` present.
+
+    Args:
+      path: A prefix as Megatron's `--data-path` takes it ("/data/web_text_document"),
+        the prefix's `.bin` or `.idx`, a glob of `.idx` (or `.bin`) files, or
+        a list of these. A glob's prefixes are sorted; a list keeps its order.
+      arg: How errors name the argument.
+
+    Raises:
+      DataConfigError: If nothing matches or a prefix lacks one of its files.
+    """
+    entries = [path] if isinstance(path, (str, os.PathLike)) else list(path or [])
+    if not entries:
+        raise DataConfigError(
+            f"{arg}={path!r} names no corpus; pass a prefix such as '/data/web_text_document'."
+        )
+    prefixes: list[str] = []
+    for entry in entries:
+        entry = os.fspath(entry)
+        if glob.has_magic(entry):
+            matched = sorted({_prefix(p) for p in glob.glob(entry) if p.endswith((".bin", ".idx"))})
+            if not matched:
+                raise DataConfigError(
+                    f"{arg}={entry!r} matches no .bin or .idx file; pass Megatron corpus prefixes "
+                    "or a glob of their .idx files, e.g. '/data/*_text_document.idx'."
+                )
+        else:
+            matched = [_prefix(entry)]
+        for prefix in matched:
+            for suffix in (".bin", ".idx"):
+                if not os.path.isfile(prefix + suffix):
+                    raise DataConfigError(
+                        f"{arg}={entry!r}: {prefix + suffix} does not exist; a Megatron corpus "
+                        "is a .bin and an .idx of one prefix (pass the prefix, as Megatron's "
+                        "--data-path takes it)."
+                    )
+            if prefix not in prefixes:
+                prefixes.append(prefix)
+    return prefixes
+
+
+def _prefix(path: str) -> str:
+    return path[:-4] if path.endswith((".bin", ".idx")) else path
+
+
+class _Index:
+    """One `.idx`, memory-mapped and checked: per document, its length and first id."""
+
+    def __init__(self, path: str):
+        try:
+            with open(path, "rb") as f:
+                header = f.read(_HEADER)
+                size = os.fstat(f.fileno()).st_size
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except OSError as error:
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: cannot be read ({error})."
+            ) from error
+        if len(header) < _HEADER or not header.startswith(MAGIC):
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: not a Megatron index (it does not start with "
+                f"{MAGIC!r}); pass the prefix of a corpus written by Megatron's "
+                "IndexedDatasetBuilder."
+            )
+        version, code, sequences, boundaries = (
+            int(np.frombuffer(header, "<u8", 1, len(MAGIC))[0]),
+            header[len(MAGIC) + 8],
+            int(np.frombuffer(header, "<u8", 1, len(MAGIC) + 9)[0]),
+            int(np.frombuffer(header, "<u8", 1, len(MAGIC) + 17)[0]),
+        )
+        if version != 1:
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: index version {version}; only version 1 (what "
+                "every Megatron-LM release writes) is known."
+            )
+        if code not in DTYPE_CODES:
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: dtype code {code} is not an integer id dtype; "
+                f"token corpora use codes {sorted(DTYPE_CODES)} (8: uint16, 4: int32)."
+            )
+        expected = _HEADER + 12 * sequences + 8 * boundaries
+        if boundaries < 1 or size not in (expected, expected + sequences):
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: {size} bytes, but its header ({sequences} "
+                f"sequences, {boundaries} document boundaries) needs {expected} (or "
+                f"{expected + sequences} with modes); the file is truncated or damaged: {_REMEDY}."
+            )
+        self.path = path
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        self.sequence_lengths = np.frombuffer(mapped, "<i4", sequences, _HEADER)
+        self.pointers = np.frombuffer(mapped, "<i8", sequences, _HEADER + 4 * sequences)
+        bounds = np.frombuffer(mapped, "<i8", boundaries, _HEADER + 12 * sequences)
+        steps = np.diff(bounds)
+        if int(bounds[0]) != 0 or int(bounds[-1]) != sequences or (steps < 0).any():
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: document boundaries must rise from 0 to "
+                f"{sequences} (the sequence count); they run from {int(bounds[0])} to "
+                f"{int(bounds[-1])}{' and fall' if (steps < 0).any() else ''}: {_REMEDY}."
+            )
+        self.one_per_document = bool((steps == 1).all())
+        if (self.sequence_lengths < 0).any():
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: a negative sequence length: {_REMEDY}."
+            )
+        if self.one_per_document:
+            self.lengths = self.sequence_lengths.astype(np.int64)
+            self._firsts = None
+        else:
+            total = np.concatenate([[0], np.cumsum(self.sequence_lengths, dtype=np.int64)])
+            self.lengths = total[bounds[1:]] - total[bounds[:-1]]
+            self._firsts = np.minimum(bounds[:-1], max(sequences - 1, 0))
+
+    @property
+    def documents(self) -> int:
+        return len(self.lengths)
+
+    def begins(self) -> np.ndarray:
+        """Each document's first id in the `.bin`, its sequences checked to lie back to back."""
+        itemsize = self.dtype.itemsize
+        lengths = self.sequence_lengths.astype(np.int64)
+        if self._firsts is not None and len(lengths) > 1:
+            gaps = self.pointers[1:] - self.pointers[:-1] - lengths[:-1] * itemsize
+            if gaps.any():
+                bad = int(np.flatnonzero(gaps)[0]) + 1
+                raise DataReadError(
+                    f"MegatronIndexedSource: {self.path}: sequence {bad} does not follow "
+                    f"sequence {bad - 1} in the .bin, so a document of several sequences cannot be "
+                    f"read as one: {_REMEDY}."
+                )
+        pointers = self.pointers if self._firsts is None else self.pointers[self._firsts]
+        if (pointers % itemsize).any():
+            raise DataReadError(
+                f"MegatronIndexedSource: {self.path}: a sequence offset is not a multiple of the "
+                f"{itemsize}-byte id size: {_REMEDY}."
+            )
+        return pointers // itemsize
+
+    def bin_ids(self) -> int:
+        """Ids the `.bin` must hold: up to the end of the last sequence."""
+        if not len(self.sequence_lengths):
+            return 0
+        return (int(self.pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype.itemsize) // (
+            self.dtype.itemsize
+        )
+
+
+class MegatronIndexedSource(TokenSource):
+    """The documents of Megatron-LM `.bin`/`.idx` corpora, memory-mapped (see the module doc).
+
+    Every `.idx` is read when the source is built (lengths, counts, checks);
+    each `.bin` is mapped on its first read in each process. A damaged file
+    raises one `DataReadError` naming it.
+
+    Args:
+      path: Corpus prefixes (see `megatron_prefixes`), read in that order.
+      vocab_size: Exclusive bound checked for every id; default the
+        tokenizer's, else the dtype's (256 for uint8, 65,536 for uint16).
+        Required for int32 and wider ids when no tokenizer is given.
+      tokenizer: The tokenizer the corpus was made with (a name or path for
+        `get_tokenizer`), or None. Megatron's files do not record it; with
+        it, `data.eod_token_id` defaults to its end-of-document id and
+        `xlstm-data batch` can show text.
+      end_of_document: The id stored after every document (`--append-eod`),
+        stripped on read; None when the documents were written without one.
+
+    Raises:
+      DataConfigError: On a bad argument, or no documents.
+      DataReadError: If an `.idx` is damaged or the prefixes disagree in dtype.
+    """
+
+    def __init__(
+        self,
+        path: PathPattern,
+        vocab_size: int | None = None,
+        tokenizer: TokenizerSpec = None,
+        end_of_document: int | None = None,
+    ) -> None:
+        explicit_vocab = _check_vocab_size(vocab_size, "MegatronIndexedSource: vocab_size")
+        self._prefixes = megatron_prefixes(path, "MegatronIndexedSource: path")
+        self._tokenizer: Tokenizer | None = None if tokenizer is None else get_tokenizer(tokenizer)
+        indexes = [_Index(prefix + ".idx") for prefix in self._prefixes]
+        dtypes = {index.dtype for index in indexes}
+        if len(dtypes) > 1:
+            listed = ", ".join(f"{i.path}: {i.dtype.name}" for i in indexes[:4])
+            raise DataReadError(
+                f"MegatronIndexedSource: path={path!r}: the corpora store ids in different dtypes "
+                f"({listed}); one source reads one dtype: give each its own dataset."
+            )
+        self._dtype = indexes[0].dtype
+        self.vocab_size = self._resolve_vocab(explicit_vocab)
+        if end_of_document is not None:
+            if (
+                isinstance(end_of_document, bool)
+                or not isinstance(end_of_document, (int, np.integer))
+                or not 0 <= int(end_of_document) < self.vocab_size
+            ):
+                raise DataConfigError(
+                    f"MegatronIndexedSource: end_of_document={end_of_document!r} is not an id in "
+                    f"[0, {self.vocab_size}); pass the end-of-document id stored after every "
+                    "document (Megatron's --append-eod), or None."
+                )
+            end_of_document = int(end_of_document)
+            empty = next((i for i in indexes if (i.lengths == 0).any()), None)
+            if empty is not None:
+                d = int(np.flatnonzero(empty.lengths == 0)[0])
+                raise DataReadError(
+                    f"MegatronIndexedSource: {empty.path}: document {d} is empty, so it does not "
+                    f"end with end_of_document={end_of_document}; set end_of_document=None if "
+                    "the corpus was written without --append-eod."
+                )
+        self.end_of_document = end_of_document
+        stored = 0 if end_of_document is None else 1
+        self._lengths = np.concatenate([i.lengths for i in indexes]) - stored
+        self._indexes = indexes
+        documents = np.array([i.documents for i in indexes], dtype=np.int64)
+        if not self._lengths.size:
+            raise DataConfigError(
+                f"MegatronIndexedSource: path={path!r} holds no documents; point it at a "
+                "non-empty corpus."
+            )
+        self._shards = TokenShards(
+            ShardFiles(
+                "MegatronIndexedSource",
+                [p + ".bin" for p in self._prefixes],
+                [p + ".idx" for p in self._prefixes],
+                _REMEDY,
+            ),
+            documents,
+            self._open,
+            self.vocab_size,
+            self._dtype,
+            end_of_document,
+        )
+        if end_of_document is not None:
+            self._check_sampled_ends(end_of_document)
+        logging.info(
+            "MegatronIndexedSource: %d documents in %d corpora (%s ...), %s ids, vocab_size=%d.",
+            len(self._lengths),
+            len(self._prefixes),
+            self._prefixes[0],
+            self._dtype.name,
+            self.vocab_size,
+        )
+
+    def _resolve_vocab(self, explicit: int | None) -> int:
+        if explicit is not None:
+            return explicit
+        if self._tokenizer is not None:
+            return int(self._tokenizer.vocab_size)
+        if self._dtype.kind == "u" and self._dtype.itemsize <= 2:
+            return 1 << (8 * self._dtype.itemsize)
+        raise DataConfigError(
+            f"MegatronIndexedSource: the corpus stores {self._dtype.name} ids, which bound no "
+            "vocabulary; set vocab_size (or tokenizer) so every id read is checked."
+        )
+
+    def _open(self, k: int) -> MappedShard:
+        """Maps shard `k`'s `.bin` and checks it holds what its `.idx` says."""
+        index = self._indexes[k]
+        path = self._prefixes[k] + ".bin"
+        ids = index.bin_ids()
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except OSError as error:
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: cannot be read ({error})."
+            ) from error
+        if size != ids * self._dtype.itemsize:
+            raise DataReadError(
+                f"MegatronIndexedSource: {path}: {size} bytes, but {index.path} places "
+                f"{ids} ids of {self._dtype.itemsize} bytes in it; the file is truncated or from "
+                f"another corpus: {_REMEDY}."
+            )
+        if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_RANDOM"):
+            mapped.madvise(mmap.MADV_RANDOM)  # documents are read in shuffled order
+        tokens = np.frombuffer(mapped, dtype=self._dtype, count=ids)
+        begin = index.begins()
+        stored = 0 if self.end_of_document is None else 1
+        return MappedShard(tokens, begin, begin + index.lengths - stored)
+
+    # What the pipeline asks ------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    @property
+    def files(self) -> list[str]:
+        """Every file read: each prefix's `.bin`, then its `.idx`."""
+        return [p + suffix for p in self._prefixes for suffix in (".bin", ".idx")]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        """The dtype ids are stored (and `read_many` returns them) in."""
+        return self._dtype
+
+    def check_files(self) -> None:
+        """Maps every `.bin` now and checks its size against its `.idx`, reading no id."""
+        self._shards.open_all()
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def lengths(self) -> np.ndarray:
+        """Every document's token count from the `.idx` (a stored end-of-document not counted)."""
+        return self._lengths
+
+    def last_ids(self, count: int = SAMPLED_ENDS) -> np.ndarray:
+        """The last stored id of up to `count` non-empty documents spread over the corpus.
+
+        What `resolve_eod_token_id` looks at to refuse a run that would
+        append a second end-of-document id to documents that hold one.
+        """
+        return self._stored_ends(self._sampled(count))
+
+    def _sampled(self, count: int) -> np.ndarray:
+        """Up to `count` non-empty documents (as stored), evenly spread."""
+        stored = 0 if self.end_of_document is None else 1
+        candidates = np.flatnonzero(self._lengths + stored > 0)
+        if len(candidates) > count:
+            candidates = candidates[np.linspace(0, len(candidates) - 1, count).astype(np.int64)]
+        return candidates
+
+    def _stored_ends(self, documents: np.ndarray) -> np.ndarray:
+        """The last id stored for each of `documents` (their end-of-document id, if stripped)."""
+        stored = 0 if self.end_of_document is None else 1
+        ids = []
+        for k, local in zip(*self._shards.locate(documents), strict=True):
+            shard = self._shards.shard(k)
+            ids.append(int(shard.tokens[int(shard.end[local]) - 1 + stored]))
+        return np.asarray(ids, dtype=np.int64)
+
+    def _check_sampled_ends(self, end_of_document: int) -> None:
+        """Refuses `end_of_document` at once when sampled documents do not end with it."""
+        documents = self._sampled(SAMPLED_ENDS)
+        ends = self._stored_ends(documents)
+        if (ends == end_of_document).all():
+            return
+        bad = int(np.flatnonzero(ends != end_of_document)[0])
+        (k,), (local,) = self._shards.locate(documents[bad : bad + 1])
+        raise DataReadError(
+            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {local} ends with id "
+            f"{int(ends[bad])}, not end_of_document={end_of_document} (of {len(ends)} documents "
+            f"looked at, {int((ends == end_of_document).sum())} end with it); set "
+            "end_of_document=None if the corpus was written without --append-eod."
+        )
+
+    def _read(self, index: int) -> np.ndarray:
+        (tokens,) = self.read_many(np.array([index], dtype=np.int64))
+        return np.array(tokens, dtype=np.int32)
+
+    def read_many(self, indices: Sequence[SupportsIndex] | np.ndarray) -> list[np.ndarray]:
+        """Several documents as zero-copy, read-only slices of the `.bin` maps.
+
+        Ids are checked against `vocab_size` in one pass over all of them
+        (skipped when the dtype bounds them), and a stored end-of-document id
+        after each document.
+
+        Raises:
+          IndexError: If an index is out of range.
+          DataReadError: Naming the file and document, if a file is damaged,
+            an id is outside the vocabulary or a stored end-of-document id
+            is missing.
+        """
+        return self._shards.read_many(indices)
+
+    def __repr__(self) -> str:
+        where = (
+            repr(self._prefixes[0])
+            if len(self._prefixes) == 1
+            else (f"{len(self._prefixes)} prefixes {self._prefixes[0]!r}..{self._prefixes[-1]!r}")
+        )
+        return (
+            f"MegatronIndexedSource({where}, documents={len(self)}, dtype={self._dtype.name}, "
+            f"vocab_size={self.vocab_size}, end_of_document={self.end_of_document})"
+        )
