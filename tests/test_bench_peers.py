@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,6 +85,8 @@ def test_targets_and_summary_rows():
         "prepare ours_index/megatron": harness.summarize([1.1]),
         "w0 ours_best_fit/ours_best_fit_host": harness.summarize([0.8]),
         "w2 ours_concat/olmo_fsl": None,
+        "w0 ours_megatron_files/megatron": harness.summarize([1.3]),
+        "cold_start 2000 ours_megatron_files/megatron": harness.summarize([1.2]),
     }
     settings = harness.Settings.create(tiny=True)
     found = {t["metric"]: t for t in harness.targets(ratios, settings)}
@@ -94,6 +97,8 @@ def test_targets_and_summary_rows():
     assert found["prepare ours_index/megatron"]["met"] is True
     assert found["w0 ours_best_fit/ours_best_fit_host"]["met"] is False  # target 6: >= 0.9
     assert "w2 ours_concat/olmo_fsl" not in found  # not measured: no target
+    assert found["w0 ours_megatron_files/megatron"]["met"] is True
+    assert found["cold_start 2000 ours_megatron_files/megatron"]["met"] is False
     rows = harness.summary_rows(
         {"ratios": ratios, "targets": list(found.values()), "missing": {"olmo": "no venv"}}
     )
@@ -277,3 +282,21 @@ def test_target6_pairs_windows_of_both_paths_in_one_process(tmp_path, monkeypatc
     }
     assert list(run_ours._pipeline_batches(iter([lent]))) == [7, 5]
     assert released == [True]
+
+
+def test_ours_on_megatrons_own_files_counts_the_documents_tokens():
+    """The runner's source for Megatron's `.bin/.idx` (the subject `ours_megatron_files`).
+
+    The corpus is one megatron-core wrote (`tests/fixtures/megatron`): what
+    the subject reads is what Megatron's `GPTDataset` reads, not a copy.
+    """
+    prefix = str(Path(__file__).parent / "fixtures" / "megatron" / "web_text_document")
+    source = dict(harness.megatron_files_source(prefix), end_of_document=50256)
+    assert run_ours.data_config({"sources": {"web": source}})["train"]["web"] == {
+        "kind": "megatron",
+        "path": prefix,
+        "end_of_document": 50256,
+    }
+    task = {"sources": {"web": source}, "batch_size": 4, "seq_len": 64, "warmup": 1, "timed": 3}
+    result = run_ours.throughput(task)
+    assert result["tokens"] > 0 and result["tokens_per_sec"] > 0

@@ -358,6 +358,11 @@ def megatron_prefix(spec: corpus.DocSpec, missing: Mapping[str, str]) -> str | N
     return prefix
 
 
+def megatron_files_source(prefix: str) -> dict[str, Any]:
+    """Our source of Megatron's `.bin/.idx` itself: its stored end of document read as such."""
+    return {"megatron": prefix, "end_of_document": corpus.EOD_ID}
+
+
 def mds_dir(spec: corpus.DocSpec, seq_len: int, missing: Mapping[str, str]) -> str | None:
     if "streaming" in missing:
         return None
@@ -476,6 +481,21 @@ def throughput_subjects(
             )
     prefix = megatron_prefix(web, missing)
     if prefix:
+        # Ours on Megatron's own files, the ones GPTDataset reads (kind "megatron").
+        subjects.append(
+            Subject(
+                "ours_megatron_files",
+                "ours",
+                {
+                    "task": "throughput",
+                    "sources": {"web": megatron_files_source(prefix)},
+                    "packing": "best_fit",
+                    "workers": workers,
+                    **timing,
+                    **shape,
+                },
+            )
+        )
         subjects.append(
             Subject(
                 "megatron", "megatron", _megatron_task(settings, [prefix], cache, workers=workers)
@@ -604,6 +624,19 @@ def cold_start_subjects(
         megatron_files = [prefix + ".bin", prefix + ".idx"]  # OLMo reads the same files
         subjects.append(
             Subject(
+                "ours_megatron_files",
+                "ours",
+                {
+                    "task": "cold_start",
+                    "sources": {"cold": megatron_files_source(prefix)},
+                    "cache_dir": str(scratch / "ours_megatron_files"),
+                    "evict": megatron_files,
+                    **shape,
+                },
+            )
+        )
+        subjects.append(
+            Subject(
                 "megatron",
                 "megatron",
                 {
@@ -718,6 +751,9 @@ def measure(
                     ratios[f"cpu ours_{packing}/megatron"] = _ratio(
                         results, f"ours_{packing}", "megatron", "cpu_secs_per_mtoken"
                     )
+                ratios["ours_megatron_files/megatron"] = _ratio(
+                    results, "ours_megatron_files", "megatron"
+                )
                 for whole in ("ours_best_fit", "ours_best_fit_w1", "ours_best_fit_one_thread"):
                     ratios[f"{whole}/ours_best_fit_host"] = _ratio(
                         results, whole, "ours_best_fit_host"
@@ -762,6 +798,9 @@ def measure(
                         ratios[f"{documents} ours/{peer}"] = _ratio(
                             found, "ours", peer, "first_batch_secs"
                         )
+                    ratios[f"{documents} ours_megatron_files/megatron"] = _ratio(
+                        found, "ours_megatron_files", "megatron", "first_batch_secs"
+                    )
                     figures[str(documents)] = {
                         key: _per_subject(found, key)
                         for key in (
@@ -902,6 +941,21 @@ TARGETS = (
     ("w2 ours_{p}/streaming", ">=", 1.5, "2 workers, {p}: >= 1.5x mosaicml-streaming (2 workers)"),
     ("w0 cpu ours_{p}/megatron", "<=", 1.0, "CPU s per M tokens, {p}, 0 workers: <= Megatron's"),
 )
+#: Ours reading Megatron's own files (no packing in the key: best_fit only).
+MEGATRON_FILES_TARGETS = (
+    (
+        "w0 ours_megatron_files/megatron",
+        ">=",
+        1.0,
+        "0 workers, best_fit on Megatron's own .bin/.idx: >= 1.0x plain GPTDataset",
+    ),
+    (
+        "w2 ours_megatron_files/megatron",
+        ">=",
+        1.5,
+        "2 workers, best_fit on Megatron's own .bin/.idx: >= 1.5x GPTDataset + DataLoader(2)",
+    ),
+)
 
 
 def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any]]:
@@ -918,6 +972,8 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
     for key, comparison, threshold, description in TARGETS:
         for packing in PACKINGS:
             add(key.format(p=packing), comparison, threshold, description.format(p=packing))
+    for target in MEGATRON_FILES_TARGETS:
+        add(*target)
     for documents in settings.cold_sizes:
         if documents >= OURS_ONLY_COLD:
             add(
@@ -938,6 +994,12 @@ def targets(ratios: Mapping[str, Any], settings: Settings) -> list[dict[str, Any
             "<=",
             1.0,
             f"cold start at {documents} documents: <= 1.0x Megatron's index build and first batch",
+        )
+        add(
+            f"cold_start {documents} ours_megatron_files/megatron",
+            "<=",
+            1.0,
+            f"cold start at {documents} documents on Megatron's own .bin/.idx: <= 1.0x Megatron's",
         )
     for whole, workers in (("ours_best_fit", "0 workers"), ("ours_best_fit_w1", "1 worker")):
         add(

@@ -31,11 +31,18 @@ from xlstm_data.multihost.shared_slots import give_back  # noqa: E402
 
 
 def data_config(task: dict[str, Any]) -> dict[str, Any]:
-    """The data section: our prepared sources, rows of 1024, host batch 8."""
+    """The data section: our prepared sources (or Megatron's files), rows of 1024, host batch 8."""
     sources = task["sources"]
     train = {}
     for name, source in sources.items():
-        train[name] = our_source(source["dir"])
+        if "megatron" in source:  # Megatron's own .bin/.idx, read in place
+            train[name] = {
+                "kind": "megatron",
+                "path": source["megatron"],
+                "end_of_document": source["end_of_document"],
+            }
+        else:
+            train[name] = our_source(source["dir"])
         if len(sources) > 1:
             train[name]["weight"] = source["weight"]
     return {
