@@ -11,6 +11,7 @@ were given to the builder.
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import re
 import shutil
 import struct
@@ -128,6 +129,27 @@ def test_a_source_sent_to_another_process_maps_the_corpus_there():
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         there = pool.apply(_read_in_this_process, (source,))
     assert there == [d.tolist() for d in _documents("code")]
+    sent = pickle.loads(pickle.dumps(source))
+    assert sent._lengths is None and sent._indexes == [None]  # no per-document array travels
+    np.testing.assert_array_equal(sent.lengths(), source.lengths())
+
+
+def test_a_corpus_of_only_empty_documents_is_refused_by_name(tmp_path):
+    """No sequence at all: the `.idx` holds only the boundaries, the `.bin` is empty."""
+    prefix = tmp_path / "empty_text_document"
+    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 0, 3)
+    prefix.with_suffix(".idx").write_bytes(header + np.zeros(3, "<i8").tobytes())
+    prefix.with_suffix(".bin").write_bytes(b"")
+    source = MegatronIndexedSource(str(prefix))
+    source.check_files()
+    assert source.lengths().tolist() == [0, 0] and source.read_many([1])[0].size == 0
+    data = {
+        "train": {"empty": {"kind": "megatron", "path": str(prefix)}},
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    with pytest.raises(DataConfigError, match=r"data\.train\.empty has only empty documents"):
+        _batches(data, 1)
 
 
 def test_the_readme_megatron_config_trains_as_written(tmp_path):

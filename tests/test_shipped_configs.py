@@ -35,6 +35,7 @@ def test_configs_are_found():
         "mixture_rampup.py",
         "multihost.py",
         "prepared.py",
+        "megatron.py",
     }
 
 
@@ -45,7 +46,12 @@ def test_every_config_trains_on_an_8_device_host(tmp_path, config):
     """configs/multihost.py trains on 8 devices in the override test below."""
     if config.name == "prepared.py":  # takes the directory `prepare` wrote
         config = f"{config}:{prepared_corpus(tmp_path)}"
-    out = train(tmp_path / "run", config, "--config.num_train_steps=3", "--cpu_devices=8")
+    small = []
+    if config.name == "megatron.py":  # a corpus megatron-core wrote, and its stored EOD id
+        config = f"{config}:{REPO / 'tests' / 'fixtures' / 'megatron' / 'web_text_document'},50256"
+        # Its 60 short documents fill 39 rows of 32 tokens an epoch.
+        small = ["--config.data.global_batch_size=16", "--config.data.max_target_length=32"]
+    out = train(tmp_path / "run", config, "--config.num_train_steps=3", "--cpu_devices=8", *small)
     assert "final_step: 3" in out
     assert [row["step"] for row in batch_log(tmp_path / "run")] == [1, 2, 3]
 
@@ -150,3 +156,17 @@ def test_a_mesh_without_dp_or_fsdp_trains_with_its_batch_axis_named(tmp_path):
         expect=1,
     )
     assert "batch_axis_names" in error
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        ("", "configs/megatron.py needs a Megatron corpus prefix after a colon"),
+        (":/data/web_text_document,eod", "the end-of-document id after the comma must be"),
+        ("", "configs/prepared.py needs the directory"),
+    ],
+)
+def test_a_config_missing_its_argument_says_what_to_pass(tmp_path, argument, expected):
+    name = "prepared.py" if "prepared" in expected else "megatron.py"
+    error = train(tmp_path, f"{REPO / 'configs' / name}{argument}", expect=2)
+    assert expected in error and "Traceback" not in error

@@ -97,9 +97,21 @@ def override_error(error: BaseException) -> str:
     )
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
 def flag_error(error: flags.Error) -> str:
-    """absl's message, with the expected type named for an override of a typed key."""
-    text = str(error).replace("\n", " ").strip()
+    """absl's message, with the expected type named for an override of a typed key.
+
+    A config file's `get_config` that raises (a missing argument after the
+    colon) reaches here as ml_collections' message with the whole traceback
+    in it; only its last line, the config's own message, is kept.
+    """
+    text = str(error)
+    if _TRACEBACK in text:
+        head = text.split(_TRACEBACK)[0].strip()
+        text = f"{head} {[line for line in text.splitlines() if line.strip()][-1].strip()}"
+    text = text.replace("\n", " ").strip()
     for wrong, expected in (("for int()", "an integer"), ("to float", "a number")):
         if wrong in text:
             return f"{text.split(': ')[0]} is invalid; expected {expected} ({text})"

@@ -173,7 +173,7 @@ class FlatTokenSource(TokenSource):
                 f"{int(offsets[-1])}, but its shard holds {tokens} tokens (offsets must run from "
                 f"0 to {tokens}); the file is damaged: {_REWRITE}."
             )
-        return MappedShard(tokens_array, offsets[:-1], offsets[1:])
+        return MappedShard(tokens_array, lambda local: (offsets[local], offsets[local + 1]))
 
     def check_files(self) -> None:
         """Checks every shard's headers and offsets' ends now, before training reads any.

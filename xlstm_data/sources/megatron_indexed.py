@@ -31,7 +31,7 @@ import glob
 import mmap
 import os
 from collections.abc import Sequence
-from typing import SupportsIndex
+from typing import Any, SupportsIndex
 
 import numpy as np
 from absl import logging
@@ -94,6 +94,12 @@ def megatron_prefixes(path: PathPattern, arg: str = "path") -> list[str]:
 
 def _prefix(path: str) -> str:
     return path[:-4] if path.endswith((".bin", ".idx")) else path
+
+
+def _joined(lengths: list[np.ndarray], stored: int) -> np.ndarray:
+    """The documents' lengths of every shard in one array, `stored` ids each left out."""
+    joined = lengths[0] if len(lengths) == 1 else np.concatenate(lengths)
+    return joined - stored if stored else joined
 
 
 class _Index:
@@ -167,26 +173,31 @@ class _Index:
     def documents(self) -> int:
         return len(self.lengths)
 
-    def begins(self) -> np.ndarray:
-        """Each document's first id in the `.bin`, its sequences checked to lie back to back."""
-        itemsize = self.dtype.itemsize
+    def check_back_to_back(self) -> None:
+        """Checks that the sequences of documents of several lie back to back in the `.bin`."""
+        if self._firsts is None or len(self.sequence_lengths) < 2:
+            return
         lengths = self.sequence_lengths.astype(np.int64)
-        if self._firsts is not None and len(lengths) > 1:
-            gaps = self.pointers[1:] - self.pointers[:-1] - lengths[:-1] * itemsize
-            if gaps.any():
-                bad = int(np.flatnonzero(gaps)[0]) + 1
-                raise DataReadError(
-                    f"MegatronIndexedSource: {self.path}: sequence {bad} does not follow "
-                    f"sequence {bad - 1} in the .bin, so a document of several sequences cannot be "
-                    f"read as one: {_REMEDY}."
-                )
-        pointers = self.pointers if self._firsts is None else self.pointers[self._firsts]
-        if (pointers % itemsize).any():
+        gaps = self.pointers[1:] - self.pointers[:-1] - lengths[:-1] * self.dtype.itemsize
+        if gaps.any():
+            bad = int(np.flatnonzero(gaps)[0]) + 1
             raise DataReadError(
-                f"MegatronIndexedSource: {self.path}: a sequence offset is not a multiple of the "
-                f"{itemsize}-byte id size: {_REMEDY}."
+                f"MegatronIndexedSource: {self.path}: sequence {bad} does not follow "
+                f"sequence {bad - 1} in the .bin, so a document of several sequences cannot be "
+                f"read as one: {_REMEDY}."
             )
-        return pointers // itemsize
+
+    def spans(self, local: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where documents `local` lie in the `.bin`, in ids; `lengths` leave stored ends out."""
+        first = local if self._firsts is None else self._firsts[local]
+        pointers = self.pointers[first] if len(self.pointers) else np.zeros(len(local), np.int64)
+        begin, misaligned = np.divmod(pointers, self.dtype.itemsize)
+        if misaligned.any():
+            raise DataReadError(
+                f"MegatronIndexedSource: {self.path}: a document's offset is not a multiple of "
+                f"the {self.dtype.itemsize}-byte id size: {_REMEDY}."
+            )
+        return begin, begin + lengths[local]
 
     def bin_ids(self) -> int:
         """Ids the `.bin` must hold: up to the end of the last sequence."""
@@ -263,8 +274,9 @@ class MegatronIndexedSource(TokenSource):
                 )
         self.end_of_document = end_of_document
         stored = 0 if end_of_document is None else 1
-        self._lengths = np.concatenate([i.lengths for i in indexes]) - stored
-        self._indexes = indexes
+        self._lengths: np.ndarray | None = _joined([i.lengths for i in indexes], stored)
+        self._documents = len(self._lengths)
+        self._indexes: list[_Index | None] = list(indexes)
         documents = np.array([i.documents for i in indexes], dtype=np.int64)
         if not self._lengths.size:
             raise DataConfigError(
@@ -309,7 +321,7 @@ class MegatronIndexedSource(TokenSource):
 
     def _open(self, k: int) -> MappedShard:
         """Maps shard `k`'s `.bin` and checks it holds what its `.idx` says."""
-        index = self._indexes[k]
+        index = self._index(k)
         path = self._prefixes[k] + ".bin"
         ids = index.bin_ids()
         try:
@@ -328,10 +340,11 @@ class MegatronIndexedSource(TokenSource):
             )
         if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_RANDOM"):
             mapped.madvise(mmap.MADV_RANDOM)  # documents are read in shuffled order
+        index.check_back_to_back()
         tokens = np.frombuffer(mapped, dtype=self._dtype, count=ids)
-        begin = index.begins()
-        stored = 0 if self.end_of_document is None else 1
-        return MappedShard(tokens, begin, begin + index.lengths - stored)
+        first = sum(self._index(j).documents for j in range(k))
+        lengths = self.lengths()[first : first + index.documents]  # stored ends left out
+        return MappedShard(tokens, lambda local: index.spans(local, lengths))
 
     # What the pipeline asks ------------------------------------------------------
 
@@ -354,11 +367,30 @@ class MegatronIndexedSource(TokenSource):
         self._shards.open_all()
 
     def __len__(self) -> int:
-        return len(self._lengths)
+        return self._documents
 
     def lengths(self) -> np.ndarray:
         """Every document's token count from the `.idx` (a stored end-of-document not counted)."""
+        if self._lengths is None:  # a copy sent to a worker: read from the .idx again
+            stored = 0 if self.end_of_document is None else 1
+            self._lengths = _joined(
+                [self._index(k).lengths for k in range(len(self._prefixes))], stored
+            )
         return self._lengths
+
+    def _index(self, k: int) -> _Index:
+        """Shard `k`'s `.idx`, read again in a process the source was sent to."""
+        index = self._indexes[k]
+        if index is None:
+            index = self._indexes[k] = _Index(self._prefixes[k] + ".idx")
+        return index
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Paths and counts only: a worker reads the `.idx` again (not 20 bytes a document)."""
+        state = self.__dict__.copy()
+        state["_lengths"] = None
+        state["_indexes"] = [None] * len(self._prefixes)
+        return state
 
     def last_ids(self, count: int = SAMPLED_ENDS) -> np.ndarray:
         """The last stored id of up to `count` non-empty documents spread over the corpus.
@@ -369,12 +401,19 @@ class MegatronIndexedSource(TokenSource):
         return self._stored_ends(self._sampled(count))
 
     def _sampled(self, count: int) -> np.ndarray:
-        """Up to `count` non-empty documents (as stored), evenly spread."""
+        """The first `count` non-empty documents (as stored).
+
+        Consecutive documents share pages: at a cold start, 64 documents
+        spread over the corpus were 64 disk reads. Every read checks a
+        stored end-of-document id again, so this early look needs no spread.
+        """
         stored = 0 if self.end_of_document is None else 1
-        candidates = np.flatnonzero(self._lengths + stored > 0)
-        if len(candidates) > count:
-            candidates = candidates[np.linspace(0, len(candidates) - 1, count).astype(np.int64)]
-        return candidates
+        lengths = self.lengths()
+        head = lengths[: 4 * count] + stored
+        candidates = np.flatnonzero(head > 0)
+        if len(candidates) < count:
+            candidates = np.flatnonzero(lengths + stored > 0)
+        return candidates[:count]
 
     def _stored_ends(self, documents: np.ndarray) -> np.ndarray:
         """The last id stored for each of `documents` (their end-of-document id, if stripped)."""
@@ -382,7 +421,8 @@ class MegatronIndexedSource(TokenSource):
         ids = []
         for k, local in zip(*self._shards.locate(documents), strict=True):
             shard = self._shards.shard(k)
-            ids.append(int(shard.tokens[int(shard.end[local]) - 1 + stored]))
+            _, end = shard.spans(np.array([local], dtype=np.int64))
+            ids.append(int(shard.tokens[int(end[0]) - 1 + stored]))
         return np.asarray(ids, dtype=np.int64)
 
     def _check_sampled_ends(self, end_of_document: int) -> None:

@@ -30,14 +30,14 @@ class MappedShard:
 
     Attributes:
       tokens: Every id of the shard, 1-D, read-only (over a memory map).
-      begin: The first position of each document in `tokens`.
-      end: One past each document's last id (its stored end-of-document id,
-        if any, not included).
+      spans: For documents `local` (an int64 array), the first position of
+        each in `tokens` and one past its last id (a stored end-of-document
+        id not included). Looked up per read, so opening a shard reads no
+        per-document table whole.
     """
 
     tokens: np.ndarray
-    begin: np.ndarray
-    end: np.ndarray
+    spans: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +175,7 @@ class TokenShards:
         """Documents `local` of shard `k`: slices of its map (spans checked)."""
         mapped = self.shard(k)
         tokens = mapped.tokens
-        begin = mapped.begin[local]
-        end = mapped.end[local]
+        begin, end = mapped.spans(local)
         stored = 0 if self._end_of_document is None else 1
         if not (
             (begin <= end).all()

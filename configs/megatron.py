@@ -1,0 +1,53 @@
+"""Training on a Megatron-LM corpus as it is: its prefix and end-of-document id after a colon.
+
+    python tools/preprocess_data.py --input web.jsonl --output-prefix /data/web \\
+        --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt \\
+        --append-eod          # (Megatron-LM) writes /data/web_text_document.{bin,idx}
+    python -m trainer_hooks.train \\
+        --config=configs/megatron.py:/data/web_text_document,50256 --workdir=run
+
+The `.bin`/`.idx` pair is memory-mapped and read in place: nothing is
+converted, tokenized or counted at launch (the `.idx` holds every length).
+After the comma comes the id `--append-eod` stored after every document
+(GPT-2's 50256 above): each document is read without it and packing ends it
+with that id, once. Leave it out for a corpus written without `--append-eod`,
+whose documents then end with `data.eod_token_id`. Several prefixes, or a
+glob of `.idx` files, go in `data.train.corpus.path` as a list or pattern on
+the command line: `--config.data.train.corpus.path=/data/*_text_document.idx`.
+"""
+
+from ml_collections import config_dict
+
+from trainer_hooks.config import default_config
+
+
+def get_config(argument: str | None = None) -> config_dict.ConfigDict:
+    if not argument:
+        raise ValueError(
+            "configs/megatron.py needs a Megatron corpus prefix after a colon, and the "
+            "end-of-document id its documents end with after a comma when it was written with "
+            "--append-eod: --config=configs/megatron.py:/data/web_text_document,50256"
+        )
+    prefix, _, end = argument.partition(",")
+    if end and not end.strip().isdigit():
+        raise ValueError(
+            f"configs/megatron.py:{argument}: the end-of-document id after the comma must be a "
+            f"non-negative integer, not {end!r}: --config=configs/megatron.py:{prefix},50256"
+        )
+    config = default_config()
+    config.num_train_steps = 1000
+    data = config.data
+    data.train = config_dict.ConfigDict(
+        {
+            "corpus": {
+                "kind": "megatron",
+                "path": prefix,
+                # None: the documents end where their ids end (no --append-eod).
+                "end_of_document": int(end) if end else None,
+            }
+        }
+    )
+    data.global_batch_size = 32
+    data.max_target_length = 256
+    data.rampup = [[0, 0.5], [100, 1.0]]
+    return config
