@@ -303,3 +303,58 @@ def test_a_tokenizer_and_an_end_of_document_that_disagree_are_refused():
     }
     with pytest.raises(DataConfigError, match=r"data\.train\.web\.end_of_document=50256 disagrees"):
         _batches(data, 1)
+
+
+def test_a_megatron_users_blend_trains_as_their_data_path_says():
+    """As a Megatron-LM user ports `--data-path 0.7 web 0.3 code` and their GPT batch.
+
+    Their habits: a blend of weight-prefix pairs, batches keyed `tokens`,
+    `labels`, `loss_mask`, `position_ids`, and a jitted step whose
+    `in_shardings` they write themselves over their own mesh axis names.
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    data_path = ["0.7", WEB, "0.3", CODE]
+    blend = dict(zip(data_path[1::2], map(float, data_path[::2]), strict=True))
+    data = {
+        "train": {
+            Path(prefix).name: {
+                "kind": "megatron",
+                "path": prefix,
+                "weight": weight,
+                **({"end_of_document": EOD} if prefix == WEB else {"vocab_size": 100_000}),
+            }
+            for prefix, weight in blend.items()
+        },
+        "global_batch_size": 8,
+        "max_target_length": 32,
+    }
+    mesh = xd.create_mesh("data:-1", devices=jax.devices()[:2])
+    train, _ = xd.iterators_from_config(data, mesh)
+    batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+
+    def step(tokens, labels, loss_mask, position_ids):
+        return (labels * loss_mask).sum(), (loss_mask * (position_ids >= 0)).sum()
+
+    step = jax.jit(step, in_shardings=(batch_sharding,) * 4)
+    counted = 0
+    try:
+        for _ in range(40):
+            batch = next(train).to_dict()
+            megatron_batch = {
+                "tokens": batch["inputs"],
+                "labels": batch["targets"],
+                "loss_mask": (batch["targets_segmentation"] > 0).astype("int32"),
+                "position_ids": batch["inputs_position"],
+            }
+            assert megatron_batch["tokens"].sharding.spec == PartitionSpec("data")
+            _, tokens = step(*megatron_batch.values())
+            counted += int(tokens)
+        shares = train.data_counters.component_tokens / train.data_counters.tokens
+        assert counted == train.data_counters.tokens
+    finally:
+        train.close()
+    names = list(train.source_names)
+    assert abs(shares[names.index("web_text_document")] - 0.7) < 0.02
+    assert abs(shares[names.index("code_text_sentence")] - 0.3) < 0.02

@@ -16,7 +16,8 @@ reading our code.
 Every source also reports every document's token count through `lengths()`
 without the pipeline reading documents: a global data plan (and an exact epoch
 length) is fixed before training starts. Synthetic lengths are drawn from the
-seed, prepared shards carry `lengths.npy`, in-memory documents are counted
+seed, prepared shards carry `lengths.npy`, Megatron-LM's `.idx` files hold
+them, in-memory documents are counted
 once, and text/JSONL files are tokenized once per machine with the counts kept
 in the on-disk cache of `xlstm_data.sources.lengths_cache`. ArrayRecord files that
 `xlstm-data prepare` did not write have no lengths: `lengths()` raises naming
@@ -39,6 +40,7 @@ _EXPORTS = {
     "ArrayRecordSource": "xlstm_data.sources.array_record",
     "FlatTokenSource": "xlstm_data.sources.flat_tokens",
     "InMemorySource": "xlstm_data.sources.in_memory",
+    "MegatronIndexedSource": "xlstm_data.sources.megatron_indexed",
     "SyntheticSource": "xlstm_data.sources.synthetic",
     "TextFileSource": "xlstm_data.sources.text_files",
     "TokenSource": "xlstm_data.sources.base",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from xlstm_data.sources.flat_tokens import FlatTokenSource as FlatTokenSource
     from xlstm_data.sources.in_memory import InMemorySource as InMemorySource
     from xlstm_data.sources.in_memory import as_token_source as as_token_source
+    from xlstm_data.sources.megatron_indexed import MegatronIndexedSource as MegatronIndexedSource
     from xlstm_data.sources.prepared_shards import open_shards as open_shards
     from xlstm_data.sources.synthetic import SyntheticSource as SyntheticSource
     from xlstm_data.sources.text_files import TextFileSource as TextFileSource
