@@ -807,6 +807,7 @@ def measure(
                             "first_batch_secs",
                             "build_secs",
                             "runtime_secs",
+                            "source_import_secs",
                             "import_secs",
                             "peak_rss_mb",
                             "anon_mb",
