@@ -49,6 +49,25 @@ def prepared_corpus(tmp_path: Path) -> Path:
     return out
 
 
+#: The Megatron-LM corpus megatron-core wrote for the tests, and its stored end-of-document id.
+MEGATRON_WEB = Path(__file__).resolve().parent / "fixtures" / "megatron" / "web_text_document"
+
+
+def shipped_config_argv(config: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """`--config`'s value for a shipped config, and the overrides its test data needs.
+
+    `prepared.py` takes a directory `prepare` wrote, `megatron.py` a Megatron
+    prefix and its end-of-document id; that corpus's 60 short documents fill
+    39 rows of 32 tokens an epoch, less than the config's batch of 32 x 256.
+    """
+    if config.name == "prepared.py":
+        return f"{config}:{prepared_corpus(tmp_path)}", []
+    if config.name == "megatron.py":
+        small = ["--config.data.global_batch_size=16", "--config.data.max_target_length=32"]
+        return f"{config}:{MEGATRON_WEB},50256", small
+    return str(config), []
+
+
 def plan_spec(weights: dict[str, float], **overrides) -> Any:
     """A plan spec of one stage over `weights`' sources, rows of 128, best fit, batch 64."""
     from xlstm_data.config.rampup import BatchSizeSchedule

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import prepared_corpus
+from tests.helpers import shipped_config_argv
 from xlstm_data.cli.inspect_config import inspect_config, load_config
 from xlstm_data.cli.main import main as cli_main
 from xlstm_data.config.data_config import validate_data_config
@@ -17,10 +17,10 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_inspect_runs_on_every_config_and_writes_its_png(config, tmp_path, capsys):
     png = tmp_path / "plan.png"
-    if config.name == "prepared.py":  # takes the directory `prepare` wrote
-        config = f"{config}:{prepared_corpus(tmp_path)}"
+    config, small = shipped_config_argv(config, tmp_path)
     # 4 CPU devices, as conftest.py gives every in-process test.
     argv = ["inspect", f"--config={config}", f"--png={png}", "--steps=12", "--cpu_devices=4"]
+    argv += small
     code = cli_main(argv)
     captured = capsys.readouterr()
     out = captured.out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import prepared_corpus
+from tests.helpers import shipped_config_argv
 from tests.multiprocess import REPO, run_train
 
 CONFIGS = sorted((REPO / "configs").glob("*.py"))
@@ -44,13 +44,7 @@ def test_configs_are_found():
 )
 def test_every_config_trains_on_an_8_device_host(tmp_path, config):
     """configs/multihost.py trains on 8 devices in the override test below."""
-    if config.name == "prepared.py":  # takes the directory `prepare` wrote
-        config = f"{config}:{prepared_corpus(tmp_path)}"
-    small = []
-    if config.name == "megatron.py":  # a corpus megatron-core wrote, and its stored EOD id
-        config = f"{config}:{REPO / 'tests' / 'fixtures' / 'megatron' / 'web_text_document'},50256"
-        # Its 60 short documents fill 39 rows of 32 tokens an epoch.
-        small = ["--config.data.global_batch_size=16", "--config.data.max_target_length=32"]
+    config, small = shipped_config_argv(config, tmp_path)
     out = train(tmp_path / "run", config, "--config.num_train_steps=3", "--cpu_devices=8", *small)
     assert "final_step: 3" in out
     assert [row["step"] for row in batch_log(tmp_path / "run")] == [1, 2, 3]
