@@ -10,10 +10,14 @@ The `.bin`/`.idx` pair is memory-mapped and read in place: nothing is
 converted, tokenized or counted at launch (the `.idx` holds every length).
 After the comma comes the id `--append-eod` stored after every document
 (GPT-2's 50256 above): each document is read without it and packing ends it
-with that id, once. Leave it out for a corpus written without `--append-eod`,
-whose documents then end with `data.eod_token_id`. Several prefixes, or a
-glob of `.idx` files, go in `data.train.corpus.path` as a list or pattern on
-the command line: `--config.data.train.corpus.path=/data/*_text_document.idx`.
+with that id, once. For a corpus written without `--append-eod`, leave the
+comma out and name the tokenizer's id: `--config.data.eod_token_id=50256`
+(Megatron's files record no tokenizer, so it is refused, not guessed). A
+corpus of int32 ids (tokenizers of 65,500 ids or more) also needs
+`--config.data.train.corpus.vocab_size=N`. Several corpora go in as a glob of
+their `.idx` files, `--config.data.train.corpus.path=/data/*_text_document.idx`
+(a list does not pass through a command-line override; edit a copy of this
+file for one, or for weights per corpus, one dataset each).
 """
 
 from ml_collections import config_dict
@@ -37,16 +41,10 @@ def get_config(argument: str | None = None) -> config_dict.ConfigDict:
     config = default_config()
     config.num_train_steps = 1000
     data = config.data
-    data.train = config_dict.ConfigDict(
-        {
-            "corpus": {
-                "kind": "megatron",
-                "path": prefix,
-                # None: the documents end where their ids end (no --append-eod).
-                "end_of_document": int(end) if end else None,
-            }
-        }
-    )
+    corpus = {"kind": "megatron", "path": prefix}
+    if end:  # left out otherwise, so that an override can still set it
+        corpus["end_of_document"] = int(end)
+    data.train = config_dict.ConfigDict({"corpus": corpus})
     data.global_batch_size = 32
     data.max_target_length = 256
     data.rampup = [[0, 0.5], [100, 1.0]]

@@ -31,6 +31,7 @@ from xlstm_data.sources.megatron_indexed import MegatronIndexedSource
 FIXTURES = Path(__file__).parent / "fixtures" / "megatron"
 WEB = str(FIXTURES / "web_text_document")
 CODE = str(FIXTURES / "code_text_sentence")
+BOOKS = str(FIXTURES / "books_text_document")
 EOD = 50256
 
 
@@ -147,6 +148,7 @@ def test_a_corpus_of_only_empty_documents_is_refused_by_name(tmp_path):
         "train": {"empty": {"kind": "megatron", "path": str(prefix)}},
         "global_batch_size": 4,
         "max_target_length": 32,
+        "eod_token_id": 1,
     }
     with pytest.raises(DataConfigError, match=r"data\.train\.empty has only empty documents"):
         _batches(data, 1)
@@ -161,7 +163,7 @@ def test_the_readme_megatron_config_trains_as_written(tmp_path):
     data = {}
     exec(
         block.replace("/data/megatron/web_text_document", WEB).replace(
-            "/data/megatron/code_text_sentence", CODE
+            "/data/megatron/books_text_document", BOOKS
         ),
         {},
         {"data": _Data(data)},
@@ -202,8 +204,15 @@ def test_a_corpus_with_stored_end_of_document_ids_read_without_end_of_document_i
     [
         ({"path": "/nonexistent/corpus"}, r"data\.train\.x\.path=.*corpus\.bin does not exist"),
         ({"path": str(FIXTURES / "*.nothing")}, r"matches no \.bin or \.idx"),
-        ({"path": CODE}, r"stores int32 ids.*set vocab_size"),
-        ({"path": WEB, "end_of_document": "eod"}, r"end_of_document='eod' is not an id"),
+        ({"path": CODE}, r"x\.vocab_size is unset and .*code_text_sentence\.idx stores int32 ids"),
+        ({"path": 5}, r"x\.path=5 is not a corpus prefix"),
+        ({"path": WEB, "end_of_document": "eod"}, r"x\.end_of_document='eod' is not a token id"),
+        ({"path": WEB, "end_of_document": -1}, r"x\.end_of_document=-1 is not a token id"),
+        ({"path": BOOKS}, r"data\.eod_token_id is unset and data\.train\.x records no tokenizer"),
+        (
+            {"path": [WEB, BOOKS], "end_of_document": EOD},
+            r"books_text_document\.bin: document 0 ends with id \d+, not end_of_document=50256",
+        ),
         (
             {"path": WEB, "end_of_document": 70_000},
             r"end_of_document=70000 is not an id in \[0, 65536\)",
@@ -283,8 +292,10 @@ def test_documents_that_all_end_with_another_id_than_the_runs_are_warned_about(c
     }
     with caplog.at_level("WARNING"):
         _batches(data, 1)
-    (warning,) = [r.getMessage() for r in caplog.records if "documents looked at" in r.getMessage()]
-    assert f"ends with id {EOD}" in warning and f"data.train.web.end_of_document={EOD}" in warning
+    (warning,) = [r.getMessage() for r in caplog.records if "all end with id" in r.getMessage()]
+    assert (
+        f"all end with id {EOD}" in warning and f"data.train.web.end_of_document={EOD}" in warning
+    )
 
 
 def test_a_tokenizer_and_an_end_of_document_that_disagree_are_refused():
@@ -358,3 +369,26 @@ def test_a_megatron_users_blend_trains_as_their_data_path_says():
     names = list(train.source_names)
     assert abs(shares[names.index("web_text_document")] - 0.7) < 0.02
     assert abs(shares[names.index("code_text_sentence")] - 0.3) < 0.02
+
+
+def test_an_empty_document_of_an_append_eod_corpus_stores_no_end_and_reads_empty():
+    """`preprocess_data.py` appends the id only to documents with ids (the fixture too)."""
+    documents = _documents("web")
+    empty = [i for i, d in enumerate(documents) if not len(d)]
+    assert empty  # the fixture has such documents
+    source = MegatronIndexedSource(WEB, end_of_document=EOD)
+    assert [source.read_many([i])[0].size for i in empty] == [0] * len(empty)
+    np.testing.assert_array_equal(source.read_many([empty[0] + 1])[0], documents[empty[0] + 1])
+
+
+def test_a_later_corpus_that_already_ends_its_documents_with_the_runs_id_is_refused():
+    data = {
+        "train": {"x": {"kind": "megatron", "path": [BOOKS, WEB]}},
+        "global_batch_size": 4,
+        "max_target_length": 32,
+        "eod_token_id": EOD,
+    }
+    with pytest.raises(
+        DataConfigError, match=r"web_text_document\.bin all end with data\.eod_token_id"
+    ):
+        _batches(data, 1)

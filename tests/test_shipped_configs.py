@@ -164,3 +164,19 @@ def test_a_config_missing_its_argument_says_what_to_pass(tmp_path, argument, exp
     name = "prepared.py" if "prepared" in expected else "megatron.py"
     error = train(tmp_path, f"{REPO / 'configs' / name}{argument}", expect=2)
     assert expected in error and "Traceback" not in error
+
+
+def test_the_megatron_config_takes_a_corpus_without_a_stored_end_and_overrides(tmp_path):
+    """Without `,EOD` the run's id comes from an override; the source option can be set too."""
+    fixtures = REPO / "tests" / "fixtures" / "megatron"
+    # The books corpus's 20 short documents fill 10 rows of 32 tokens an epoch.
+    small = ["--config.data.global_batch_size=4", "--config.data.max_target_length=32"]
+    steps = ["--config.num_train_steps=2", "--cpu_devices=2", *small]
+    books = f"{REPO / 'configs' / 'megatron.py'}:{fixtures / 'books_text_document'}"
+    error = train(tmp_path / "refused", books, *steps, expect=1)
+    assert "error: data.eod_token_id is unset and data.train.corpus records no tokenizer" in error
+    out = train(tmp_path / "books", books, *steps, "--config.data.eod_token_id=50256")
+    assert "final_step: 2" in out
+    web = f"{REPO / 'configs' / 'megatron.py'}:{fixtures / 'web_text_document'}"
+    out = train(tmp_path / "web", web, *steps, "--config.data.train.corpus.end_of_document=50256")
+    assert "final_step: 2" in out

@@ -132,7 +132,7 @@ def _open_sources(
     for split, specs in splits:
         for spec in specs:
             opened[f"data.{split}.{spec.name}"] = _open(f"data.{split}.{spec.name}", spec)
-            resolve_eod_token_id(cfg.eod_token_id, opened, look_at_ends=False)
+            resolve_eod_token_id(cfg.eod_token_id, opened, final=False)
     eod_token_id = resolve_eod_token_id(cfg.eod_token_id, opened)
     return opened, dataclasses.replace(cfg, eod_token_id=eod_token_id)
 

@@ -309,9 +309,12 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
     if kind == "array_record":  # a prepared directory, or a glob of shards
         shard_files(options["path"], f"{key}.path")
     elif kind == "megatron":  # prefixes, not files
-        from xlstm_data.sources.megatron_indexed import megatron_prefixes
+        from xlstm_data.sources import megatron_indexed
 
-        megatron_prefixes(options["path"], f"{key}.path")
+        prefixes = megatron_indexed.megatron_prefixes(options["path"], f"{key}.path")
+        megatron_indexed.check_end_of_document(options["end_of_document"], f"{key}.end_of_document")
+        if options["vocab_size"] is None and options["tokenizer"] is None:
+            megatron_indexed.check_ids_are_bounded(prefixes, f"{key}.vocab_size")
     elif "path" in options:
         expand_files(options["path"], f"{key}.path")  # what the source will open
     weight = spec.get("weight", 1.0)

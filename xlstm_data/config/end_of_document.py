@@ -23,7 +23,7 @@ def resolve_eod_token_id(
     *,
     key: str = "data.eod_token_id",
     fallback: int = 1,
-    look_at_ends: bool = True,
+    final: bool = True,
 ) -> int:
     """The end-of-document id, checked against every source.
 
@@ -45,9 +45,10 @@ def resolve_eod_token_id(
       fallback: The id when unset and no source has a tokenizer: 1 on the
         config path (the byte tokenizer's, which sources default to), 0 for
         the factories (the reference API's default).
-      look_at_ends: Also refuse a source whose documents already end with the
-        id (`_refuse_a_second_end`); False for an early call on some of the
-        sources, so that the final call alone reads their ends and warns.
+      final: Whether `sources` are all the run's. An early call on the
+        ones opened so far (so that a mismatch fails before the next is
+        indexed) neither refuses an unset id that a later source could still
+        define nor reads any document's end (`_refuse_a_second_end`).
 
     Returns:
       The end-of-document id.
@@ -72,6 +73,8 @@ def resolve_eod_token_id(
         name, (eod, tokenizer) = next(iter(own.items()))
         origin = f"{key} (unset: the end-of-document id of {name}'s {tokenizer!r})"
     else:
+        if final:
+            _refuse_a_guessed_id(key, sources)
         eod = fallback
         origin = f"{key} (unset: {eod}, as no dataset has a tokenizer)"
     for name, source in sources.items():
@@ -89,7 +92,7 @@ def resolve_eod_token_id(
                 f"whose end-of-document id is {theirs}; set {key}={theirs}, or leave it unset "
                 "(None) to use the tokenizer's"
             )
-        if look_at_ends:
+        if final:
             _refuse_a_second_end(name, source, eod, origin, key)
     return eod
 
@@ -123,6 +126,28 @@ def _own_id(name: str, source: Any) -> tuple[int, Any] | None:
     return None
 
 
+def _refuse_a_guessed_id(key: str, sources: Mapping[str, Any]) -> None:
+    """Refuses the fallback id for tokenized files that record no tokenizer.
+
+    A Megatron corpus (`end_of_document` unset, no `tokenizer`) holds ids
+    of a real vocabulary whose end-of-document id the files do not say: the
+    fallback (the byte tokenizer's 1) would end every document with an
+    ordinary token (GPT-2's `"`), silently.
+    """
+    unknown = [
+        name
+        for name, source in sources.items()
+        if hasattr(source, "end_of_document") and getattr(source, "tokenizer", None) is None
+    ]
+    if unknown:
+        raise DataConfigError(
+            f"{key} is unset and {unknown[0]} records no tokenizer (Megatron's files name "
+            f"none), so no end-of-document id is known; set {key} to the id of the tokenizer "
+            f"the corpus was made with (50256 for GPT-2), or {unknown[0]}.end_of_document to "
+            "the id --append-eod stored after each document, or its tokenizer"
+        )
+
+
 def _refuse_a_second_end(name: str, source: Any, eod: int, origin: str, key: str) -> None:
     """Refuses a source whose documents already end with `eod` but are read with it.
 
@@ -135,25 +160,26 @@ def _refuse_a_second_end(name: str, source: Any, eod: int, origin: str, key: str
     last_ids = getattr(source, "last_ids", None)
     if last_ids is None or getattr(source, "end_of_document", None) is not None:
         return
-    ends = last_ids()
-    if len(ends) > 1 and len(set(ends.tolist())) == 1 and int(ends[0]) != eod:
-        logging.warning(
-            "%s: every one of the %d documents looked at ends with id %d, and packing appends "
-            "%s after each; if %d is the corpus's end-of-document id, set %s.end_of_document=%d "
-            "and %s to it",
-            name,
-            len(ends),
-            int(ends[0]),
-            origin,
-            int(ends[0]),
-            name,
-            int(ends[0]),
-            key,
-        )
-    if len(ends) and (ends == eod).all():
-        raise DataConfigError(
-            f"{name}: every one of the {len(ends)} documents looked at already ends with {origin}, "
-            f"which packing appends after each document, so the run would train on two in a "
-            f"row; set {name}.end_of_document={eod} (the corpus was written with Megatron's "
-            "--append-eod) so the stored one is read as the end of the document"
-        )
+    for path, ends in last_ids().items():
+        if len(ends) and (ends == eod).all():
+            raise DataConfigError(
+                f"{name}: the first {len(ends)} documents of {path} all end with {origin}, "
+                f"which packing appends after each document, so the run would train on two in "
+                f"a row; set {name}.end_of_document={eod} (the corpus was written with "
+                "Megatron's --append-eod) so the stored one is read as the end of the document"
+            )
+        if len(ends) > 1 and len(set(ends.tolist())) == 1:
+            logging.warning(
+                "%s: the first %d documents of %s all end with id %d, and packing appends %s "
+                "after each; if %d is the corpus's end-of-document id, set %s.end_of_document=%d "
+                "and %s to it",
+                name,
+                len(ends),
+                path,
+                int(ends[0]),
+                origin,
+                int(ends[0]),
+                name,
+                int(ends[0]),
+                key,
+            )

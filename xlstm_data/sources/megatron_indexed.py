@@ -62,7 +62,15 @@ def megatron_prefixes(path: PathPattern, arg: str = "path") -> list[str]:
     Raises:
       DataConfigError: If nothing matches or a prefix lacks one of its files.
     """
-    entries = [path] if isinstance(path, (str, os.PathLike)) else list(path or [])
+    if isinstance(path, (str, os.PathLike)):
+        entries = [path]
+    elif isinstance(path, (list, tuple)) and all(isinstance(e, (str, os.PathLike)) for e in path):
+        entries = list(path)
+    else:
+        raise DataConfigError(
+            f"{arg}={path!r} is not a corpus prefix; pass a prefix (str), a list of them, or a "
+            "glob of .idx files, e.g. '/data/web_text_document'."
+        )
     if not entries:
         raise DataConfigError(
             f"{arg}={path!r} names no corpus; pass a prefix such as '/data/web_text_document'."
@@ -97,9 +105,80 @@ def _prefix(path: str) -> str:
 
 
 def _joined(lengths: list[np.ndarray], stored: int) -> np.ndarray:
-    """The documents' lengths of every shard in one array, `stored` ids each left out."""
+    """The documents' lengths of every shard in one array, a stored end left out.
+
+    An empty document has no stored end: `preprocess_data.py` appends the
+    id only to a document with ids.
+    """
     joined = lengths[0] if len(lengths) == 1 else np.concatenate(lengths)
-    return joined - stored if stored else joined
+    return joined - (joined > 0) if stored else joined
+
+
+def check_end_of_document(value: Any, arg: str = "end_of_document") -> int | None:
+    """`end_of_document` as an id, or None; anything else is refused naming `arg`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise DataConfigError(
+            f"{arg}={value!r} is not a token id; pass the id --append-eod stored after every "
+            "document (e.g. 50256 for GPT-2), or None when the corpus was written without it."
+        )
+    return int(value)
+
+
+def _parsed_header(header: bytes, path: str) -> tuple[np.dtype, int, int]:
+    """The ids' dtype, the sequence count and the document boundaries' count of an `.idx`."""
+    if len(header) < _HEADER or not header.startswith(MAGIC):
+        raise DataReadError(
+            f"MegatronIndexedSource: {path}: not a Megatron index (it does not start with "
+            f"{MAGIC!r}); pass the prefix of a corpus written by Megatron's "
+            "IndexedDatasetBuilder."
+        )
+    version, code, sequences, boundaries = (
+        int(np.frombuffer(header, "<u8", 1, len(MAGIC))[0]),
+        header[len(MAGIC) + 8],
+        int(np.frombuffer(header, "<u8", 1, len(MAGIC) + 9)[0]),
+        int(np.frombuffer(header, "<u8", 1, len(MAGIC) + 17)[0]),
+    )
+    if version != 1:
+        raise DataReadError(
+            f"MegatronIndexedSource: {path}: index version {version}; only version 1 (what "
+            "every Megatron-LM release writes) is known."
+        )
+    if code not in DTYPE_CODES:
+        raise DataReadError(
+            f"MegatronIndexedSource: {path}: dtype code {code} is not an integer id dtype; "
+            f"token corpora use codes {sorted(DTYPE_CODES)} (8: uint16, 4: int32)."
+        )
+    return np.dtype(DTYPE_CODES[code]), sequences, boundaries
+
+
+def dtype_bounds_ids(dtype: np.dtype) -> bool:
+    """Whether the storage dtype alone bounds the ids (uint8, uint16): no vocab_size needed."""
+    return dtype.kind == "u" and dtype.itemsize <= 2
+
+
+def check_ids_are_bounded(prefixes: list[str], arg: str) -> None:
+    """Refuses corpora whose ids no vocabulary bounds, reading 34 bytes of each `.idx`.
+
+    Run when a config names neither `vocab_size` nor a tokenizer, before any
+    source of the run is opened.
+    """
+    for prefix in prefixes:
+        try:
+            with open(prefix + ".idx", "rb") as f:
+                header = f.read(_HEADER)
+        except OSError as error:
+            raise DataReadError(
+                f"MegatronIndexedSource: {prefix}.idx: cannot be read ({error})."
+            ) from error
+        dtype, _, _ = _parsed_header(header, prefix + ".idx")
+        if not dtype_bounds_ids(dtype):
+            raise DataConfigError(
+                f"{arg} is unset and {prefix}.idx stores {dtype.name} ids, which bound no "
+                "vocabulary (Megatron writes int32 for 65,500 ids or more); set it to the "
+                "tokenizer's vocabulary size, or name the tokenizer"
+            )
 
 
 class _Index:
@@ -115,28 +194,7 @@ class _Index:
             raise DataReadError(
                 f"MegatronIndexedSource: {path}: cannot be read ({error})."
             ) from error
-        if len(header) < _HEADER or not header.startswith(MAGIC):
-            raise DataReadError(
-                f"MegatronIndexedSource: {path}: not a Megatron index (it does not start with "
-                f"{MAGIC!r}); pass the prefix of a corpus written by Megatron's "
-                "IndexedDatasetBuilder."
-            )
-        version, code, sequences, boundaries = (
-            int(np.frombuffer(header, "<u8", 1, len(MAGIC))[0]),
-            header[len(MAGIC) + 8],
-            int(np.frombuffer(header, "<u8", 1, len(MAGIC) + 9)[0]),
-            int(np.frombuffer(header, "<u8", 1, len(MAGIC) + 17)[0]),
-        )
-        if version != 1:
-            raise DataReadError(
-                f"MegatronIndexedSource: {path}: index version {version}; only version 1 (what "
-                "every Megatron-LM release writes) is known."
-            )
-        if code not in DTYPE_CODES:
-            raise DataReadError(
-                f"MegatronIndexedSource: {path}: dtype code {code} is not an integer id dtype; "
-                f"token corpora use codes {sorted(DTYPE_CODES)} (8: uint16, 4: int32)."
-            )
+        self.dtype, sequences, boundaries = _parsed_header(header, path)
         expected = _HEADER + 12 * sequences + 8 * boundaries
         if boundaries < 1 or size not in (expected, expected + sequences):
             raise DataReadError(
@@ -145,7 +203,6 @@ class _Index:
                 f"{expected + sequences} with modes); the file is truncated or damaged: {_REMEDY}."
             )
         self.path = path
-        self.dtype = np.dtype(DTYPE_CODES[code])
         self.sequence_lengths = np.frombuffer(mapped, "<i4", sequences, _HEADER)
         self.pointers = np.frombuffer(mapped, "<i8", sequences, _HEADER + 4 * sequences)
         bounds = np.frombuffer(mapped, "<i8", boundaries, _HEADER + 12 * sequences)
@@ -252,26 +309,15 @@ class MegatronIndexedSource(TokenSource):
             )
         self._dtype = indexes[0].dtype
         self.vocab_size = self._resolve_vocab(explicit_vocab)
-        if end_of_document is not None:
-            if (
-                isinstance(end_of_document, bool)
-                or not isinstance(end_of_document, (int, np.integer))
-                or not 0 <= int(end_of_document) < self.vocab_size
-            ):
-                raise DataConfigError(
-                    f"MegatronIndexedSource: end_of_document={end_of_document!r} is not an id in "
-                    f"[0, {self.vocab_size}); pass the end-of-document id stored after every "
-                    "document (Megatron's --append-eod), or None."
-                )
-            end_of_document = int(end_of_document)
-            empty = next((i for i in indexes if (i.lengths == 0).any()), None)
-            if empty is not None:
-                d = int(np.flatnonzero(empty.lengths == 0)[0])
-                raise DataReadError(
-                    f"MegatronIndexedSource: {empty.path}: document {d} is empty, so it does not "
-                    f"end with end_of_document={end_of_document}; set end_of_document=None if "
-                    "the corpus was written without --append-eod."
-                )
+        end_of_document = check_end_of_document(
+            end_of_document, "MegatronIndexedSource: end_of_document"
+        )
+        if end_of_document is not None and end_of_document >= self.vocab_size:
+            raise DataConfigError(
+                f"MegatronIndexedSource: end_of_document={end_of_document} is not an id in "
+                f"[0, {self.vocab_size}); pass the end-of-document id stored after every "
+                "document (Megatron's --append-eod), or None."
+            )
         self.end_of_document = end_of_document
         stored = 0 if end_of_document is None else 1
         self._lengths: np.ndarray | None = _joined([i.lengths for i in indexes], stored)
@@ -294,7 +340,6 @@ class MegatronIndexedSource(TokenSource):
             self._open,
             self.vocab_size,
             self._dtype,
-            end_of_document,
         )
         if end_of_document is not None:
             self._check_sampled_ends(end_of_document)
@@ -312,7 +357,7 @@ class MegatronIndexedSource(TokenSource):
             return explicit
         if self._tokenizer is not None:
             return int(self._tokenizer.vocab_size)
-        if self._dtype.kind == "u" and self._dtype.itemsize <= 2:
+        if dtype_bounds_ids(self._dtype):
             return 1 << (8 * self._dtype.itemsize)
         raise DataConfigError(
             f"MegatronIndexedSource: the corpus stores {self._dtype.name} ids, which bound no "
@@ -344,7 +389,35 @@ class MegatronIndexedSource(TokenSource):
         tokens = np.frombuffer(mapped, dtype=self._dtype, count=ids)
         first = sum(self._index(j).documents for j in range(k))
         lengths = self.lengths()[first : first + index.documents]  # stored ends left out
-        return MappedShard(tokens, lambda local: index.spans(local, lengths))
+        if self.end_of_document is None:
+            return MappedShard(tokens, lambda local: index.spans(local, lengths))
+
+        def spans(local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            begin, end = index.spans(local, lengths)
+            self._check_stored_ends(k, tokens, local, end[index.lengths[local] > 0])
+            return begin, end
+
+        return MappedShard(tokens, spans)
+
+    def _check_stored_ends(
+        self, k: int, tokens: np.ndarray, local: np.ndarray, ends: np.ndarray
+    ) -> None:
+        """The id after each (non-empty) document read must be `end_of_document`."""
+        if not len(ends):
+            return
+        inside = ends < len(tokens)
+        found = tokens[np.minimum(ends, len(tokens) - 1)]
+        wrong = ~inside | (found != self.end_of_document)
+        if wrong.any():
+            bad = int(np.flatnonzero(wrong)[0])
+            document = int(local[self._index(k).lengths[local] > 0][bad])
+            what = f"id {int(found[bad])}" if inside[bad] else "the end of the file"
+            raise DataReadError(
+                f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {document} is followed "
+                f"by {what}, not end_of_document={self.end_of_document}; a corpus written "
+                "without --append-eod is read with end_of_document=None (its own dataset when "
+                "others have the id)."
+            )
 
     # What the pipeline asks ------------------------------------------------------
 
@@ -392,53 +465,57 @@ class MegatronIndexedSource(TokenSource):
         state["_indexes"] = [None] * len(self._prefixes)
         return state
 
-    def last_ids(self, count: int = SAMPLED_ENDS) -> np.ndarray:
-        """The last stored id of up to `count` non-empty documents spread over the corpus.
+    def last_ids(self) -> dict[str, np.ndarray]:
+        """Per corpus (`.bin`), the last stored id of its first few non-empty documents.
 
         What `resolve_eod_token_id` looks at to refuse a run that would
         append a second end-of-document id to documents that hold one.
         """
-        return self._stored_ends(self._sampled(count))
+        return {
+            self._prefixes[k] + ".bin": self._stored_ends(k, local)
+            for k, local in self._sampled().items()
+        }
 
-    def _sampled(self, count: int) -> np.ndarray:
-        """The first `count` non-empty documents (as stored).
+    def _sampled(self) -> dict[int, np.ndarray]:
+        """Each corpus's first non-empty documents: `SAMPLED_ENDS` in all, at least 4 each.
 
-        Consecutive documents share pages: at a cold start, 64 documents
-        spread over the corpus were 64 disk reads. Every read checks a
-        stored end-of-document id again, so this early look needs no spread.
+        Consecutive documents share pages: at a cold start, documents spread
+        over a corpus were a disk read each. Every read checks a stored end
+        again, so this early look needs no spread.
         """
-        stored = 0 if self.end_of_document is None else 1
-        lengths = self.lengths()
-        head = lengths[: 4 * count] + stored
-        candidates = np.flatnonzero(head > 0)
-        if len(candidates) < count:
-            candidates = np.flatnonzero(lengths + stored > 0)
-        return candidates[:count]
+        per_corpus = max(4, SAMPLED_ENDS // len(self._prefixes))
+        sampled = {}
+        for k in range(len(self._prefixes)):
+            lengths = self._index(k).lengths
+            found = np.flatnonzero(lengths[: 4 * per_corpus] > 0)
+            if len(found) < per_corpus:
+                found = np.flatnonzero(lengths > 0)
+            if len(found):
+                sampled[k] = found[:per_corpus]
+        return sampled
 
-    def _stored_ends(self, documents: np.ndarray) -> np.ndarray:
-        """The last id stored for each of `documents` (their end-of-document id, if stripped)."""
-        stored = 0 if self.end_of_document is None else 1
-        ids = []
-        for k, local in zip(*self._shards.locate(documents), strict=True):
-            shard = self._shards.shard(k)
-            _, end = shard.spans(np.array([local], dtype=np.int64))
-            ids.append(int(shard.tokens[int(end[0]) - 1 + stored]))
-        return np.asarray(ids, dtype=np.int64)
+    def _stored_ends(self, k: int, local: np.ndarray) -> np.ndarray:
+        """The last id stored for documents `local` of corpus `k` (with its `.idx` lengths)."""
+        tokens = self._shards.shard(k).tokens
+        index = self._index(k)
+        begin, _ = index.spans(local, index.lengths)
+        return tokens[begin + index.lengths[local] - 1].astype(np.int64)
 
     def _check_sampled_ends(self, end_of_document: int) -> None:
-        """Refuses `end_of_document` at once when sampled documents do not end with it."""
-        documents = self._sampled(SAMPLED_ENDS)
-        ends = self._stored_ends(documents)
-        if (ends == end_of_document).all():
-            return
-        bad = int(np.flatnonzero(ends != end_of_document)[0])
-        (k,), (local,) = self._shards.locate(documents[bad : bad + 1])
-        raise DataReadError(
-            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {local} ends with id "
-            f"{int(ends[bad])}, not end_of_document={end_of_document} (of {len(ends)} documents "
-            f"looked at, {int((ends == end_of_document).sum())} end with it); set "
-            "end_of_document=None if the corpus was written without --append-eod."
-        )
+        """Refuses `end_of_document` at once when a corpus's first documents do not end with it."""
+        for k, local in self._sampled().items():
+            ends = self._stored_ends(k, local)
+            if (ends == end_of_document).all():
+                continue
+            bad = int(np.flatnonzero(ends != end_of_document)[0])
+            matching = int((ends == end_of_document).sum())
+            raise DataReadError(
+                f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} "
+                f"ends with id {int(ends[bad])}, not end_of_document={end_of_document} (of "
+                f"the {len(ends)} first documents looked at, {matching} "
+                "end with it); a corpus written without --append-eod is read with "
+                "end_of_document=None (its own dataset when others have the id)."
+            )
 
     def _read(self, index: int) -> np.ndarray:
         (tokens,) = self.read_many(np.array([index], dtype=np.int64))

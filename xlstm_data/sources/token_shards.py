@@ -68,9 +68,6 @@ class TokenShards:
       vocab_size: Every id read must be below it (and not negative).
       dtype: The ids' storage dtype; when it alone bounds them below
         `vocab_size` (uint16 under 65,536) they are not checked.
-      end_of_document: An id stored after every document (Megatron's
-        `--append-eod`), checked on every read and left out of the document;
-        None when nothing follows a document.
     """
 
     def __init__(
@@ -80,12 +77,10 @@ class TokenShards:
         open_shard: Callable[[int], MappedShard],
         vocab_size: int,
         dtype: np.dtype,
-        end_of_document: int | None = None,
     ):
         self._files = files
         self._open_shard = open_shard
         self._vocab_size = vocab_size
-        self._end_of_document = end_of_document
         self._check_ids = not (dtype.kind == "u" and int(np.iinfo(dtype).max) < vocab_size)
         self._ends = np.cumsum(np.asarray(documents, dtype=np.int64))
         self._starts = self._ends - np.asarray(documents, dtype=np.int64)
@@ -137,9 +132,8 @@ class TokenShards:
 
         Raises:
           IndexError: If an index is out of range.
-          DataReadError: If a shard is damaged, an id is outside the
-            vocabulary, or a stored end-of-document id is missing, naming
-            the file and document.
+          DataReadError: If a shard is damaged or an id is outside the
+            vocabulary, naming the file and document.
         """
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
@@ -176,27 +170,13 @@ class TokenShards:
         mapped = self.shard(k)
         tokens = mapped.tokens
         begin, end = mapped.spans(local)
-        stored = 0 if self._end_of_document is None else 1
-        if not (
-            (begin <= end).all()
-            and int(begin.min()) >= 0
-            and int(end.max()) + stored <= len(tokens)
-        ):
-            bad = int(np.flatnonzero((begin > end) | (begin < 0) | (end + stored > len(tokens)))[0])
+        if not ((begin <= end).all() and int(begin.min()) >= 0 and int(end.max()) <= len(tokens)):
+            bad = int(np.flatnonzero((begin > end) | (begin < 0) | (end > len(tokens)))[0])
             raise DataReadError(
                 f"{self._files.owner}: {self._files.spans[k]}: document {int(local[bad])} "
                 f"(global index {int(global_index[bad])}) spans ids {int(begin[bad])}.."
-                f"{int(end[bad]) + stored}, outside its shard's {len(tokens)} ids or decreasing; "
+                f"{int(end[bad])}, outside its shard's {len(tokens)} ids or decreasing; "
                 f"the file is damaged: {self._files.remedy}."
-            )
-        if stored and not (tokens[end] == self._end_of_document).all():
-            bad = int(np.flatnonzero(tokens[end] != self._end_of_document)[0])
-            raise DataReadError(
-                f"{self._files.owner}: {self._files.tokens[k]}: document {int(local[bad])} "
-                f"(global index {int(global_index[bad])}) ends with id {int(tokens[end[bad]])}, "
-                f"not the end-of-document id {self._end_of_document} the source strips "
-                "(end_of_document); set end_of_document=None if the documents were written "
-                "without one, or fix the file."
             )
         return [tokens[a:b] for a, b in zip(begin.tolist(), end.tolist(), strict=True)]
 
