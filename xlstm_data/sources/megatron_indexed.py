@@ -18,11 +18,14 @@ sequences (`--split-sentences`) is read as one document: its sequences lie
 back to back in the `.bin`, which is checked when the shard is opened.
 
 Megatron's preprocessing appends the tokenizer's end-of-document id to every
-document when asked (`--append-eod`), while this package appends one when it
-packs. `end_of_document` names that stored id: each document must end with
-it (checked on every read) and is read without it, so it is not doubled. A
-source left without it whose documents do end with the run's id is refused
-(`resolve_eod_token_id`): it would otherwise train on two in a row, silently.
+non-empty document when asked (`--append-eod`), while this package appends
+one when it packs. `end_of_document` names that stored id: each non-empty
+document must end with it (checked on every read, and on each corpus's first
+documents when the source is built) and is read without it, so it is not
+doubled. A source left without it whose documents do end with the run's id
+is refused (`resolve_eod_token_id`): it would otherwise train on two in a
+row, silently. The files record no tokenizer, so a run with neither a
+tokenizer nor `end_of_document` must set its end-of-document id.
 """
 
 from __future__ import annotations
