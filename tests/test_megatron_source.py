@@ -392,3 +392,26 @@ def test_a_later_corpus_that_already_ends_its_documents_with_the_runs_id_is_refu
         DataConfigError, match=r"web_text_document\.bin all end with data\.eod_token_id"
     ):
         _batches(data, 1)
+
+
+def test_a_document_deep_in_the_corpus_without_its_stored_end_fails_when_read(
+    tmp_path, monkeypatch
+):
+    """The build looks at the first documents only (8 here); every read checks its own."""
+    from xlstm_data.sources import megatron_indexed
+
+    monkeypatch.setattr(megatron_indexed, "SAMPLED_ENDS", 8)
+    prefix = _copy(tmp_path, WEB)
+    documents = _documents("web")
+    lengths = [len(d) + (len(d) > 0) for d in documents]  # with their stored ends
+    late = next(i for i in range(40, 60) if len(documents[i]))
+    ids = np.fromfile(prefix + ".bin", dtype="<u2")
+    ids[sum(lengths[: late + 1]) - 1] = 7  # its end
+    ids.tofile(prefix + ".bin")
+    source = MegatronIndexedSource(prefix, end_of_document=EOD)
+    source.check_files()
+    source.read_many(range(late))
+    with pytest.raises(
+        DataReadError, match=rf"web_text_document\.bin: document {late} is followed by id 7"
+    ):
+        source.read_many([late - 1, late])

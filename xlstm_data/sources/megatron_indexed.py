@@ -395,32 +395,31 @@ class MegatronIndexedSource(TokenSource):
         if self.end_of_document is None:
             return MappedShard(tokens, lambda local: index.spans(local, lengths))
 
+        eod = self.end_of_document
+
         def spans(local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             begin, end = index.spans(local, lengths)
-            self._check_stored_ends(k, tokens, local, end[index.lengths[local] > 0])
+            ends = end[index.lengths[local] > 0]  # an empty document stores no end
+            if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
+                self._refuse_stored_ends(k, tokens, local[index.lengths[local] > 0], ends)
             return begin, end
 
         return MappedShard(tokens, spans)
 
-    def _check_stored_ends(
+    def _refuse_stored_ends(
         self, k: int, tokens: np.ndarray, local: np.ndarray, ends: np.ndarray
     ) -> None:
-        """The id after each (non-empty) document read must be `end_of_document`."""
-        if not len(ends):
-            return
+        """Names the first of documents `local` not followed by `end_of_document` (at `ends`)."""
         inside = ends < len(tokens)
         found = tokens[np.minimum(ends, len(tokens) - 1)]
-        wrong = ~inside | (found != self.end_of_document)
-        if wrong.any():
-            bad = int(np.flatnonzero(wrong)[0])
-            document = int(local[self._index(k).lengths[local] > 0][bad])
-            what = f"id {int(found[bad])}" if inside[bad] else "the end of the file"
-            raise DataReadError(
-                f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {document} is followed "
-                f"by {what}, not end_of_document={self.end_of_document}; a corpus written "
-                "without --append-eod is read with end_of_document=None (its own dataset when "
-                "others have the id)."
-            )
+        bad = int(np.flatnonzero(~inside | (found != self.end_of_document))[0])
+        what = f"id {int(found[bad])}" if inside[bad] else "the end of the file"
+        raise DataReadError(
+            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} is "
+            f"followed by {what}, not end_of_document={self.end_of_document}; a corpus written "
+            "without --append-eod is read with end_of_document=None (its own dataset when "
+            "others have the id)."
+        )
 
     # What the pipeline asks ------------------------------------------------------
 
