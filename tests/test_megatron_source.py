@@ -415,3 +415,14 @@ def test_a_document_deep_in_the_corpus_without_its_stored_end_fails_when_read(
         DataReadError, match=rf"web_text_document\.bin: document {late} is followed by id 7"
     ):
         source.read_many([late - 1, late])
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 1 << 22])
+def test_document_boundaries_are_checked_in_chunks_across_their_seams(chunk):
+    """A fall or a document of several sequences is found whichever chunk holds it."""
+    from xlstm_data.sources.megatron_indexed import _step_range
+
+    assert _step_range(np.array([0, 1, 2, 3, 4]), chunk) == (1, 1)
+    assert _step_range(np.array([0, 1, 2, 1, 4]), chunk) == (-1, 3)
+    assert _step_range(np.array([0, 1, 1, 2]), chunk) == (0, 1)
+    assert _step_range(np.array([0]), chunk) == (1, 1)
