@@ -426,3 +426,29 @@ def test_document_boundaries_are_checked_in_chunks_across_their_seams(chunk):
     assert _step_range(np.array([0, 1, 2, 1, 4]), chunk) == (-1, 3)
     assert _step_range(np.array([0, 1, 1, 2]), chunk) == (0, 1)
     assert _step_range(np.array([0]), chunk) == (1, 1)
+
+
+def test_two_processes_read_the_rows_one_process_reads(tmp_path):
+    """Each of 2 JAX processes (2 CPU devices each) holds its rows of the one global batch."""
+    from tests.multiprocess import run_processes
+
+    config = tmp_path / "megatron_config.py"
+    config.write_text(
+        "import ml_collections\n\n\ndef get_config():\n"
+        "    return ml_collections.ConfigDict({'data': {"
+        f"'train': {{'web': {{'kind': 'megatron', 'path': {WEB!r}, 'end_of_document': {EOD}}},"
+        f" 'books': {{'kind': 'megatron', 'path': {BOOKS!r}, 'weight': 0.3}}}},"
+        " 'global_batch_size': 8, 'max_target_length': 32}})\n"
+    )
+    steps = [0, 3, 7]
+    from xlstm_data.cli.inspect_config import load_config
+
+    data = load_config(str(config)).data
+    batches = _batches(data.to_dict(), max(steps) + 1)
+    results = run_processes("planned_rows", 2, tmp_path, {"config": str(config), "steps": steps})
+    for step in steps:
+        held = {}
+        for result in results:
+            held.update({int(row): values for row, values in result[str(step)].items()})
+        assert sorted(held) == list(range(8))
+        np.testing.assert_array_equal([held[row] for row in range(8)], batches[step]["inputs"])
