@@ -10,6 +10,7 @@ were given to the builder.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import pickle
 import re
@@ -452,3 +453,85 @@ def test_two_processes_read_the_rows_one_process_reads(tmp_path):
             held.update({int(row): values for row, values in result[str(step)].items()})
         assert sorted(held) == list(range(8))
         np.testing.assert_array_equal([held[row] for row in range(8)], batches[step]["inputs"])
+
+
+def test_split_parts_are_the_documents_megatrons_split_gives():
+    """Against megatron-core's own parsing and bookends (`splits.json`, written with it)."""
+    from xlstm_data.sources.megatron_indexed import SPLIT_PARTS, split_bookends, split_range
+
+    expected = json.loads((FIXTURES / "splits.json").read_text())
+    checked = 0
+    for split, sizes in expected.items():
+        for n, parts in sizes.items():
+            for part, megatron in zip(SPLIT_PARTS, parts, strict=True):
+                if megatron is None:  # Megatron builds no dataset for a part of no width
+                    with pytest.raises(DataConfigError, match="gives the .* part no documents"):
+                        split_bookends(split, part)
+                    continue
+                assert list(split_range(split_bookends(split, part), int(n))) == megatron, (
+                    split,
+                    n,
+                    part,
+                )
+                checked += 1
+    assert checked >= 90  # 7 splits x 6 sizes x the parts of non-zero width
+
+
+def test_a_split_corpus_reads_each_part_apart_and_trains_on_one_evaluates_on_another():
+    documents = _documents("web")
+    parts = {
+        part: MegatronIndexedSource(WEB, end_of_document=EOD, split="50,30,20", split_part=part)
+        for part in ("train", "valid", "test")
+    }
+    assert [len(source) for source in parts.values()] == [30, 18, 12]
+    first = 0
+    for source in parts.values():
+        for i in range(len(source)):
+            np.testing.assert_array_equal(source.read_many([i])[0], documents[first + i])
+        assert source.lengths().tolist() == [len(d) for d in documents[first : first + len(source)]]
+        first += len(source)
+    spec = {"kind": "megatron", "path": WEB, "end_of_document": EOD, "split": "50,30,20"}
+    data = {
+        "train": {"web": spec},
+        "eval": {"web_valid": {**spec, "split_part": "valid"}},
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    train, evals = xd.iterators_from_config(data, xd.create_mesh())
+    try:
+        valid_ids = set(np.concatenate(documents[30:48]).tolist()) | {EOD, 0}
+        for batch in evals["web_valid"]:
+            assert set(np.asarray(batch.inputs).ravel().tolist()) <= valid_ids
+    finally:
+        train.close()
+        for iterator in evals.values():
+            iterator.close()
+
+
+@pytest.mark.parametrize(
+    ("split", "part", "match"),
+    [
+        ("abc", "train", r"x\.split='abc' is not a Megatron --split string"),
+        ("1,2,3,4", "train", r"x\.split='1,2,3,4' is not a Megatron --split string"),
+        ("969,30,1", "validation", r"x\.split_part='validation' is not a part .*'valid'"),
+        ("100,0,0", "valid", r"x\.split='100,0,0' gives the 'valid' part no documents"),
+        ("999,1,0", "valid", r"holds no documents in the 'valid' part of split='999,1,0'"),
+    ],
+)
+def test_a_bad_split_is_one_error_naming_its_key(split, part, match):
+    data = {
+        "train": {
+            "x": {
+                "kind": "megatron",
+                "path": WEB,
+                "end_of_document": EOD,
+                "split": split,
+                "split_part": part,
+            }
+        },
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    with pytest.raises(DataConfigError, match=match) as error:
+        _batches(data, 1)
+    assert "data.train.x" in str(error.value)

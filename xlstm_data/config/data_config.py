@@ -41,6 +41,9 @@ SOURCE_KINDS: dict[str, dict[str, tuple[bool, Any]]] = {
         # None: no tokenizer (Megatron's files record none); the dtype bounds the ids.
         "tokenizer": (False, None),
         "end_of_document": (False, None),
+        # None: every document; else Megatron's --split string, of which `split_part` is read.
+        "split": (False, None),
+        "split_part": (False, "train"),
     },
     "text": {"path": (True, None), "unit": (False, "line"), "tokenizer": (False, "byte")},
     "jsonl": {"path": (True, None), "field": (False, "text"), "tokenizer": (False, "byte")},
@@ -185,6 +188,8 @@ class SourceConfig:
                 vocab_size=o["vocab_size"],
                 tokenizer=o["tokenizer"],
                 end_of_document=o["end_of_document"],
+                split=o["split"],
+                split_part=o["split_part"],
             )
         if self.kind in ("text", "jsonl"):
             from xlstm_data.sources import TextFileSource
@@ -313,6 +318,7 @@ def _source(split: str, name: str, spec: Any, with_weight: bool) -> SourceConfig
 
         prefixes = megatron_indexed.megatron_prefixes(options["path"], f"{key}.path")
         megatron_indexed.check_end_of_document(options["end_of_document"], f"{key}.end_of_document")
+        megatron_indexed.split_bookends(options["split"], options["split_part"], f"{key}.split")
         if options["vocab_size"] is None and options["tokenizer"] is None:
             megatron_indexed.check_ids_are_bounded(prefixes, f"{key}.vocab_size")
     elif "path" in options:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import glob
 import mmap
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, SupportsIndex
 
@@ -107,14 +108,59 @@ def _prefix(path: str) -> str:
     return path[:-4] if path.endswith((".bin", ".idx")) else path
 
 
-def _joined(lengths: list[np.ndarray], stored: int) -> np.ndarray:
-    """The documents' lengths of every shard in one array, a stored end left out.
+#: Megatron's split parts, in `--split` order.
+SPLIT_PARTS = ("train", "valid", "test")
 
-    An empty document has no stored end: `preprocess_data.py` appends the
-    id only to a document with ids.
+
+def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, float] | None:
+    """Where part `part` of Megatron's `--split` string begins and ends, as fractions.
+
+    None for `split` None (every document). As Megatron parses it: the
+    numbers in the string (`"969,30,1"`, `"98 2"`), missing ones 0,
+    normalised; the parts' bookends are their running sums, the same float
+    additions Megatron makes.
+
+    Raises:
+      DataConfigError: Naming `arg`, on a string without numbers or a part
+        not in `SPLIT_PARTS`, or a part of zero width.
     """
-    joined = lengths[0] if len(lengths) == 1 else np.concatenate(lengths)
-    return joined - (joined > 0) if stored else joined
+    if split is None:
+        return None
+    numbers = [float(n) for n in re.findall(r"[.0-9]+", split)] if isinstance(split, str) else []
+    if not 1 <= len(numbers) <= 3 or sum(numbers) <= 0:
+        raise DataConfigError(
+            f"{arg}={split!r} is not a Megatron --split string; pass up to 3 non-negative "
+            "numbers for train, valid and test, e.g. '969,30,1', or None for every document."
+        )
+    if part not in SPLIT_PARTS:
+        raise DataConfigError(
+            f"{arg}_part={part!r} is not a part of the split; valid parts: {list(SPLIT_PARTS)}."
+        )
+    weights = np.array(numbers + [0.0] * (3 - len(numbers)), dtype=np.float64)
+    weights = (weights / weights.sum()).tolist()
+    ends = [0.0]
+    for weight in weights:
+        ends.append(ends[-1] + weight)
+    low, high = ends[SPLIT_PARTS.index(part)], ends[SPLIT_PARTS.index(part) + 1]
+    if high <= low:
+        raise DataConfigError(
+            f"{arg}={split!r} gives the {part!r} part no documents; give it a share, or read "
+            "another part."
+        )
+    return low, high
+
+
+def split_range(bookends: tuple[float, float] | None, documents: int) -> tuple[int, int]:
+    """The documents `[begin, end)` of a corpus of `documents` its split part takes.
+
+    Megatron's arithmetic (`int(round(fraction * n))`, Python's rounding), so
+    a corpus of one sequence a document gives the documents Megatron's
+    `GPTDataset` gives that part. Megatron splits `--split-sentences` corpora
+    by sentence; this source keeps documents whole and splits by document.
+    """
+    if bookends is None:
+        return 0, documents
+    return int(round(bookends[0] * float(documents))), int(round(bookends[1] * float(documents)))
 
 
 def check_end_of_document(value: Any, arg: str = "end_of_document") -> int | None:
@@ -300,6 +346,10 @@ class MegatronIndexedSource(TokenSource):
         `xlstm-data batch` can show text.
       end_of_document: The id stored after every document (`--append-eod`),
         stripped on read; None when the documents were written without one.
+      split: Megatron's `--split` string ("969,30,1"), or None for every
+        document. Each corpus is split as Megatron splits it
+        (`split_range`): its first documents are the train part.
+      split_part: The part this source reads: "train", "valid" or "test".
 
     Raises:
       DataConfigError: On a bad argument, or no documents.
@@ -312,8 +362,11 @@ class MegatronIndexedSource(TokenSource):
         vocab_size: int | None = None,
         tokenizer: TokenizerSpec = None,
         end_of_document: int | None = None,
+        split: str | None = None,
+        split_part: str = "train",
     ) -> None:
         explicit_vocab = _check_vocab_size(vocab_size, "MegatronIndexedSource: vocab_size")
+        bookends = split_bookends(split, split_part, "MegatronIndexedSource: split")
         self._prefixes = megatron_prefixes(path, "MegatronIndexedSource: path")
         self._tokenizer: Tokenizer | None = None if tokenizer is None else get_tokenizer(tokenizer)
         indexes = [_Index(prefix + ".idx") for prefix in self._prefixes]
@@ -336,15 +389,17 @@ class MegatronIndexedSource(TokenSource):
                 "document (Megatron's --append-eod), or None."
             )
         self.end_of_document = end_of_document
-        stored = 0 if end_of_document is None else 1
-        self._lengths: np.ndarray | None = _joined([i.lengths for i in indexes], stored)
-        self._documents = len(self._lengths)
+        #: Each corpus's documents `[begin, end)` this source reads (its split part).
+        self._ranges = [split_range(bookends, i.documents) for i in indexes]
         self._indexes: list[_Index | None] = list(indexes)
-        documents = np.array([i.documents for i in indexes], dtype=np.int64)
+        self._lengths: np.ndarray | None = self._read_lengths()
+        self._documents = len(self._lengths)
+        documents = np.array([end - begin for begin, end in self._ranges], dtype=np.int64)
         if not self._lengths.size:
             raise DataConfigError(
-                f"MegatronIndexedSource: path={path!r} holds no documents; point it at a "
-                "non-empty corpus."
+                f"MegatronIndexedSource: path={path!r} holds no documents"
+                + (f" in the {split_part!r} part of split={split!r}" if split else "")
+                + "; point it at a non-empty corpus, or give that part a larger share."
             )
         self._shards = TokenShards(
             ShardFiles(
@@ -404,18 +459,20 @@ class MegatronIndexedSource(TokenSource):
             mapped.madvise(mmap.MADV_RANDOM)  # documents are read in shuffled order
         index.check_back_to_back()
         tokens = np.frombuffer(mapped, dtype=self._dtype, count=ids)
-        first = sum(self._index(j).documents for j in range(k))
-        lengths = self.lengths()[first : first + index.documents]  # stored ends left out
+        lengths = self._stripped(index.lengths)  # the whole corpus's, stored ends left out
+        offset = self._ranges[k][0]  # the split part's first document
         if self.end_of_document is None:
-            return MappedShard(tokens, lambda local: index.spans(local, lengths))
+            return MappedShard(tokens, lambda local: index.spans(local + offset, lengths))
 
         eod = self.end_of_document
 
         def spans(local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            begin, end = index.spans(local, lengths)
-            ends = end[index.lengths[local] > 0]  # an empty document stores no end
+            documents = local + offset
+            begin, end = index.spans(documents, lengths)
+            stored = index.lengths[documents] > 0  # an empty document stores no end
+            ends = end[stored]
             if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
-                self._refuse_stored_ends(k, tokens, local[index.lengths[local] > 0], ends)
+                self._refuse_stored_ends(k, tokens, documents[stored], ends)
             return begin, end
 
         return MappedShard(tokens, spans)
@@ -461,11 +518,17 @@ class MegatronIndexedSource(TokenSource):
     def lengths(self) -> np.ndarray:
         """Every document's token count from the `.idx` (a stored end-of-document not counted)."""
         if self._lengths is None:  # a copy sent to a worker: read from the .idx again
-            stored = 0 if self.end_of_document is None else 1
-            self._lengths = _joined(
-                [self._index(k).lengths for k in range(len(self._prefixes))], stored
-            )
+            self._lengths = self._read_lengths()
         return self._lengths
+
+    def _read_lengths(self) -> np.ndarray:
+        """The lengths of every corpus's split part, one after the other, stored ends left out."""
+        parts = [self._index(k).lengths[begin:end] for k, (begin, end) in enumerate(self._ranges)]
+        return self._stripped(parts[0] if len(parts) == 1 else np.concatenate(parts))
+
+    def _stripped(self, lengths: np.ndarray) -> np.ndarray:
+        """`lengths` as read: less a stored end, which an empty document does not have."""
+        return lengths if self.end_of_document is None else lengths - (lengths > 0)
 
     def _index(self, k: int) -> _Index:
         """Shard `k`'s `.idx`, read again in a process the source was sent to."""
@@ -501,13 +564,13 @@ class MegatronIndexedSource(TokenSource):
         """
         per_corpus = max(4, SAMPLED_ENDS // len(self._prefixes))
         sampled = {}
-        for k in range(len(self._prefixes)):
-            lengths = self._index(k).lengths
+        for k, (begin, end) in enumerate(self._ranges):
+            lengths = self._index(k).lengths[begin:end]
             found = np.flatnonzero(lengths[: 4 * per_corpus] > 0)
             if len(found) < per_corpus:
                 found = np.flatnonzero(lengths > 0)
             if len(found):
-                sampled[k] = found[:per_corpus]
+                sampled[k] = begin + found[:per_corpus]  # the corpus's own document numbers
         return sampled
 
     def _stored_ends(self, k: int, local: np.ndarray) -> np.ndarray:
