@@ -169,6 +169,7 @@ def test_the_readme_megatron_config_trains_as_written(tmp_path):
         {},
         {"data": _Data(data)},
     )
+    assert set(data) == {"train", "eval"}  # its held-out part is built too
     batches = _batches({**data, "global_batch_size": 4, "max_target_length": 64}, 3)
     assert batches[0]["inputs"].shape == (4, 64)
 
