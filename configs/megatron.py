@@ -17,7 +17,9 @@ corpus of int32 ids (tokenizers of 65,500 ids or more) also needs
 `--config.data.train.corpus.vocab_size=N`. Several corpora go in as a glob of
 their `.idx` files, `--config.data.train.corpus.path=/data/*_text_document.idx`
 (a list does not pass through a command-line override; edit a copy of this
-file for one, or for weights per corpus, one dataset each).
+file for one, or for weights per corpus, one dataset each). To hold out
+Megatron's valid part, add `--config.data.train.corpus.split=969,30,1` and an
+eval dataset of the same files with the same split and `split_part: "valid"`.
 """
 
 from ml_collections import config_dict

@@ -512,8 +512,14 @@ def test_a_split_corpus_reads_each_part_apart_and_trains_on_one_evaluates_on_ano
 @pytest.mark.parametrize(
     ("split", "part", "match"),
     [
-        ("abc", "train", r"x\.split='abc' is not a Megatron --split string"),
-        ("1,2,3,4", "train", r"x\.split='1,2,3,4' is not a Megatron --split string"),
+        ("abc", "train", r"x\.split='abc' is not a Megatron --split"),
+        ("1,2,3,4", "train", r"x\.split='1,2,3,4' is not a Megatron --split"),
+        ("1.2.3", "train", r"x\.split='1\.2\.3' is not a Megatron --split"),
+        ("1e3,1", "train", r"x\.split='1e3,1' is not a Megatron --split"),  # 1:3:1 in Megatron
+        ("-1,2", "train", r"x\.split='-1,2' is not a Megatron --split"),
+        ("1" + "0" * 400 + ",1", "train", r"is not a Megatron --split"),  # overflows a float
+        (None, "valid", r"x\.split_part='valid' needs data\.train\.x\.split"),
+        (None, "bogus", r"x\.split_part='bogus' is not a part"),
         ("969,30,1", "validation", r"x\.split_part='validation' is not a part .*'valid'"),
         ("100,0,0", "valid", r"x\.split='100,0,0' gives the 'valid' part no documents"),
         ("999,1,0", "valid", r"holds no documents in the 'valid' part of split='999,1,0'"),
@@ -536,3 +542,16 @@ def test_a_bad_split_is_one_error_naming_its_key(split, part, match):
     with pytest.raises(DataConfigError, match=match) as error:
         _batches(data, 1)
     assert "data.train.x" in str(error.value)
+
+
+def test_a_split_given_as_numbers_reads_as_the_string_and_errors_name_file_documents():
+    """A command-line override `...split=969,30,1` arrives as a tuple of numbers."""
+    as_string = MegatronIndexedSource(WEB, end_of_document=EOD, split="50,30,20", split_part="test")
+    as_numbers = MegatronIndexedSource(
+        WEB, end_of_document=EOD, split=(50, 30, 20), split_part="test"
+    )
+    assert as_string.lengths().tolist() == as_numbers.lengths().tolist()
+    narrow = MegatronIndexedSource(WEB, vocab_size=100, split="50,30,20", split_part="valid")
+    # The corpus's own document number (31), not the part's (1).
+    with pytest.raises(DataReadError, match=r"document 31 of .*web_text_document\.bin"):
+        narrow.read_many([1])

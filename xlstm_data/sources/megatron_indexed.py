@@ -112,29 +112,44 @@ def _prefix(path: str) -> str:
 SPLIT_PARTS = ("train", "valid", "test")
 
 
-def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, float] | None:
-    """Where part `part` of Megatron's `--split` string begins and ends, as fractions.
+#: A `--split` string: up to 3 plain non-negative numbers, apart by commas, slashes or spaces.
+_SPLIT = re.compile(r"\s*(\d+\.?\d*|\.\d+)(?:[\s,/]+(\d+\.?\d*|\.\d+)){0,2}\s*")
 
-    None for `split` None (every document). As Megatron parses it: the
-    numbers in the string (`"969,30,1"`, `"98 2"`), missing ones 0,
-    normalised; the parts' bookends are their running sums, the same float
-    additions Megatron makes.
+
+def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, float] | None:
+    """Where part `part` of Megatron's `--split` begins and ends, as fractions of a corpus.
+
+    None for `split` None (every document: only the "train" part exists).
+    As Megatron parses it: the numbers of the string (`"969,30,1"`,
+    `"98/2"`), missing ones 0, normalised; the parts' bookends are their
+    running sums, the same float additions Megatron makes. A list of up to 3
+    numbers is taken too (what a command-line override `...split=969,30,1`
+    gives). A string Megatron would misread silently (`"1e3,1"` is 1:3:1
+    there, `"-1,2"` 1:2) is refused.
 
     Raises:
-      DataConfigError: Naming `arg`, on a string without numbers or a part
-        not in `SPLIT_PARTS`, or a part of zero width.
+      DataConfigError: Naming `arg`, on anything but up to 3 non-negative
+        finite numbers with a positive sum, a part not in `SPLIT_PARTS` (or
+        not "train" without a split), or a part of zero width.
     """
-    if split is None:
-        return None
-    numbers = [float(n) for n in re.findall(r"[.0-9]+", split)] if isinstance(split, str) else []
-    if not 1 <= len(numbers) <= 3 or sum(numbers) <= 0:
-        raise DataConfigError(
-            f"{arg}={split!r} is not a Megatron --split string; pass up to 3 non-negative "
-            "numbers for train, valid and test, e.g. '969,30,1', or None for every document."
-        )
     if part not in SPLIT_PARTS:
         raise DataConfigError(
             f"{arg}_part={part!r} is not a part of the split; valid parts: {list(SPLIT_PARTS)}."
+        )
+    if split is None:
+        if part != "train":
+            raise DataConfigError(
+                f"{arg}_part={part!r} needs {arg}: without a split every document is the train "
+                f"part, and a {part!r} dataset would hold the train documents too; set {arg} to "
+                "Megatron's --split string, e.g. '969,30,1', for every dataset of these files."
+            )
+        return None
+    numbers = _split_numbers(split)
+    if numbers is None:
+        raise DataConfigError(
+            f"{arg}={split!r} is not a Megatron --split; pass up to 3 non-negative numbers for "
+            "train, valid and test with a positive sum, e.g. '969,30,1' (or [969, 30, 1]), or "
+            "None for every document."
         )
     weights = np.array(numbers + [0.0] * (3 - len(numbers)), dtype=np.float64)
     weights = (weights / weights.sum()).tolist()
@@ -148,6 +163,24 @@ def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, fl
             "another part."
         )
     return low, high
+
+
+def _split_numbers(split: Any) -> list[float] | None:
+    """The numbers of a `--split` string or list, or None when it is not one."""
+    if isinstance(split, str):
+        if not _SPLIT.fullmatch(split):
+            return None
+        numbers = [float(n) for n in re.findall(r"\d+\.?\d*|\.\d+", split)]
+    elif isinstance(split, (list, tuple)) and all(
+        isinstance(n, (int, float)) and not isinstance(n, bool) for n in split
+    ):
+        numbers = [float(n) for n in split]
+    else:
+        return None
+    finite = all(np.isfinite(n) and n >= 0 for n in numbers)
+    if not 1 <= len(numbers) <= 3 or not finite or not np.isfinite(sum(numbers)):
+        return None
+    return numbers if sum(numbers) > 0 else None
 
 
 def split_range(bookends: tuple[float, float] | None, documents: int) -> tuple[int, int]:
@@ -407,6 +440,7 @@ class MegatronIndexedSource(TokenSource):
                 [p + ".bin" for p in self._prefixes],
                 [p + ".idx" for p in self._prefixes],
                 _REMEDY,
+                [begin for begin, _ in self._ranges],
             ),
             documents,
             self._open,

@@ -49,12 +49,19 @@ class ShardFiles:
       tokens: Each shard's token file.
       spans: Each shard's file recording the documents' spans.
       remedy: What to do about a damaged file.
+      first_documents: Each shard's first document's number in its file
+        (a part of a split corpus starts inside it); empty: all 0.
     """
 
     owner: str
     tokens: Sequence[str]
     spans: Sequence[str]
     remedy: str
+    first_documents: Sequence[int] = ()
+
+    def document(self, k: int, local: int) -> int:
+        """The number in its file of document `local` of shard `k`."""
+        return local + (int(self.first_documents[k]) if self.first_documents else 0)
 
 
 class TokenShards:
@@ -173,7 +180,8 @@ class TokenShards:
         if not ((begin <= end).all() and int(begin.min()) >= 0 and int(end.max()) <= len(tokens)):
             bad = int(np.flatnonzero((begin > end) | (begin < 0) | (end > len(tokens)))[0])
             raise DataReadError(
-                f"{self._files.owner}: {self._files.spans[k]}: document {int(local[bad])} "
+                f"{self._files.owner}: {self._files.spans[k]}: document "
+                f"{self._files.document(k, int(local[bad]))} "
                 f"(global index {int(global_index[bad])}) spans ids {int(begin[bad])}.."
                 f"{int(end[bad])}, outside its shard's {len(tokens)} ids or decreasing; "
                 f"the file is damaged: {self._files.remedy}."
@@ -195,7 +203,7 @@ class TokenShards:
             return
         for view, g in zip(views, index.tolist(), strict=True):
             k = int(np.searchsorted(self._ends, g, side="right"))
-            local = g - int(self._starts[k])
+            local = self._files.document(k, g - int(self._starts[k]))
             _checked_int32(
                 view,
                 self._vocab_size,
