@@ -178,5 +178,11 @@ def test_the_megatron_config_takes_a_corpus_without_a_stored_end_and_overrides(t
     out = train(tmp_path / "books", books, *steps, "--config.data.eod_token_id=50256")
     assert "final_step: 2" in out
     web = f"{REPO / 'configs' / 'megatron.py'}:{fixtures / 'web_text_document'}"
-    out = train(tmp_path / "web", web, *steps, "--config.data.train.corpus.end_of_document=50256")
+    out = train(
+        tmp_path / "web",
+        web,
+        *steps,
+        "--config.data.train.corpus.end_of_document=50256",
+        "--config.data.train.corpus.split=969,30,1",  # as the config's docstring says
+    )
     assert "final_step: 2" in out
