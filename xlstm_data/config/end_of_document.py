@@ -115,9 +115,8 @@ def _own_id(name: str, source: Any) -> tuple[int, Any] | None:
         if stored is not None and stored != int(tokenizer.eod_id):
             raise DataConfigError(
                 f"{name}.end_of_document={stored} disagrees with its tokenizer {tokenizer!r}, "
-                f"whose "
-                f"end-of-document id is {int(tokenizer.eod_id)}; set end_of_document to the id "
-                "the corpus stores after each document (the tokenizer's, for Megatron's "
+                f"whose end-of-document id is {int(tokenizer.eod_id)}; set end_of_document to "
+                "the id the corpus stores after each document (the tokenizer's, for Megatron's "
                 "--append-eod)"
             )
         return int(tokenizer.eod_id), tokenizer

@@ -341,7 +341,7 @@ class _Index:
             )
 
     def spans(self, local: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where documents `local` lie in the `.bin`, in ids; `lengths` leave stored ends out."""
+        """Where documents `local`, of `lengths` ids each, lie in the `.bin`, in ids."""
         first = local if self._firsts is None else self._firsts[local]
         pointers = self.pointers[first] if len(self.pointers) else np.zeros(len(local), np.int64)
         begin, misaligned = np.divmod(pointers, self.dtype.itemsize)
@@ -350,7 +350,7 @@ class _Index:
                 f"MegatronIndexedSource: {self.path}: a document's offset is not a multiple of "
                 f"the {self.dtype.itemsize}-byte id size: {_REMEDY}."
             )
-        return begin, begin + lengths[local]
+        return begin, begin + lengths
 
     def bin_ids(self) -> int:
         """Ids the `.bin` must hold: up to the end of the last sequence."""
@@ -493,16 +493,18 @@ class MegatronIndexedSource(TokenSource):
             mapped.madvise(mmap.MADV_RANDOM)  # documents are read in shuffled order
         index.check_back_to_back()
         tokens = np.frombuffer(mapped, dtype=self._dtype, count=ids)
-        lengths = self._stripped(index.lengths)  # the whole corpus's, stored ends left out
-        offset = self._ranges[k][0]  # the split part's first document
+        # The part's lengths as `lengths()` holds them (stored ends left out), a view.
+        first = sum(end - begin for begin, end in self._ranges[:k])
+        lengths = self.lengths()[first : first + self._ranges[k][1] - self._ranges[k][0]]
+        offset = self._ranges[k][0]  # the split part's first document in the corpus
         if self.end_of_document is None:
-            return MappedShard(tokens, lambda local: index.spans(local + offset, lengths))
+            return MappedShard(tokens, lambda local: index.spans(local + offset, lengths[local]))
 
         eod = self.end_of_document
 
         def spans(local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             documents = local + offset
-            begin, end = index.spans(documents, lengths)
+            begin, end = index.spans(documents, lengths[local])
             stored = index.lengths[documents] > 0  # an empty document stores no end
             ends = end[stored]
             if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
@@ -558,10 +560,8 @@ class MegatronIndexedSource(TokenSource):
     def _read_lengths(self) -> np.ndarray:
         """The lengths of every corpus's split part, one after the other, stored ends left out."""
         parts = [self._index(k).lengths[begin:end] for k, (begin, end) in enumerate(self._ranges)]
-        return self._stripped(parts[0] if len(parts) == 1 else np.concatenate(parts))
-
-    def _stripped(self, lengths: np.ndarray) -> np.ndarray:
-        """`lengths` as read: less a stored end, which an empty document does not have."""
+        lengths = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        # Less a stored end, which an empty document does not have.
         return lengths if self.end_of_document is None else lengths - (lengths > 0)
 
     def _index(self, k: int) -> _Index:
@@ -611,8 +611,8 @@ class MegatronIndexedSource(TokenSource):
         """The last id stored for documents `local` of corpus `k` (with its `.idx` lengths)."""
         tokens = self._shards.shard(k).tokens
         index = self._index(k)
-        begin, _ = index.spans(local, index.lengths)
-        return tokens[begin + index.lengths[local] - 1].astype(np.int64)
+        _, end = index.spans(local, index.lengths[local])
+        return tokens[end - 1].astype(np.int64)
 
     def _check_sampled_ends(self, end_of_document: int) -> None:
         """Refuses `end_of_document` at once when a corpus's first documents do not end with it."""

@@ -129,11 +129,6 @@ class TokenShards:
 
     # Reading ------------------------------------------------------------------
 
-    def locate(self, indices: np.ndarray) -> tuple[list[int], list[int]]:
-        """The shard of each of the global `indices` (in range), and the index in it."""
-        shard_of = np.searchsorted(self._ends, indices, side="right")
-        return shard_of.tolist(), (indices - self._starts[shard_of]).tolist()
-
     def read_many(self, indices: Sequence[SupportsIndex] | np.ndarray) -> list[np.ndarray]:
         """Documents `indices` (in [-len, len), repeats allowed) as read-only views of the maps.
 
