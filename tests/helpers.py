@@ -49,8 +49,10 @@ def prepared_corpus(tmp_path: Path) -> Path:
     return out
 
 
-#: The Megatron-LM corpus megatron-core wrote for the tests, and its stored end-of-document id.
-MEGATRON_WEB = Path(__file__).resolve().parent / "fixtures" / "megatron" / "web_text_document"
+#: The Megatron-LM corpora megatron-core wrote for the tests (`make_fixture.py` there).
+MEGATRON_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "megatron"
+#: The one of them with a stored end-of-document id (50256) after each document.
+MEGATRON_WEB = MEGATRON_FIXTURES / "web_text_document"
 
 
 def shipped_config_argv(config: Path, tmp_path: Path) -> tuple[str, list[str]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from bench import common
 from bench.peers import __main__ as cli
 from bench.peers import corpus, harness, run_ours, runner_util
+from tests.helpers import MEGATRON_WEB
 from xlstm_data.multihost.shared_slots import RELEASE
 
 
@@ -290,7 +290,7 @@ def test_ours_on_megatrons_own_files_counts_the_documents_tokens():
     The corpus is one megatron-core wrote (`tests/fixtures/megatron`): what
     the subject reads is what Megatron's `GPTDataset` reads, not a copy.
     """
-    prefix = str(Path(__file__).parent / "fixtures" / "megatron" / "web_text_document")
+    prefix = str(MEGATRON_WEB)
     source = dict(harness.megatron_files_source(prefix), end_of_document=50256)
     assert run_ours.data_config({"sources": {"web": source}})["train"]["web"] == {
         "kind": "megatron",

@@ -24,12 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xlstm_data as xd
+from tests.helpers import MEGATRON_FIXTURES
 from tests.multiprocess import REPO
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.prepare.corpus import prepare_corpus
 from xlstm_data.sources.megatron_indexed import MegatronIndexedSource
 
-FIXTURES = Path(__file__).parent / "fixtures" / "megatron"
+FIXTURES = MEGATRON_FIXTURES
 WEB = str(FIXTURES / "web_text_document")
 CODE = str(FIXTURES / "code_text_sentence")
 BOOKS = str(FIXTURES / "books_text_document")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import shipped_config_argv
+from tests.helpers import MEGATRON_FIXTURES, shipped_config_argv
 from tests.multiprocess import REPO, run_train
 
 CONFIGS = sorted((REPO / "configs").glob("*.py"))
@@ -168,7 +168,7 @@ def test_a_config_missing_its_argument_says_what_to_pass(tmp_path, argument, exp
 
 def test_the_megatron_config_takes_a_corpus_without_a_stored_end_and_overrides(tmp_path):
     """Without `,EOD` the run's id comes from an override; the source option can be set too."""
-    fixtures = REPO / "tests" / "fixtures" / "megatron"
+    fixtures = MEGATRON_FIXTURES
     # The books corpus's 20 short documents fill 10 rows of 32 tokens an epoch.
     small = ["--config.data.global_batch_size=4", "--config.data.max_target_length=32"]
     steps = ["--config.num_train_steps=2", "--cpu_devices=2", *small]
