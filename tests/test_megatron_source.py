@@ -10,6 +10,7 @@ were given to the builder.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import multiprocessing
 import pickle
@@ -129,8 +130,11 @@ def test_a_source_sent_to_another_process_maps_the_corpus_there():
     """What grain's workers get: the source pickled as paths, its maps made in the worker."""
     source = MegatronIndexedSource(CODE, vocab_size=100_000)
     source.check_files()  # mapped here; the maps do not travel
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        there = pool.apply(_read_in_this_process, (source,))
+    # An executor, not a Pool: a child that dies unpickling its task fails the
+    # test (BrokenProcessPool) instead of leaving the Pool waiting for it.
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as executor:
+        there = executor.submit(_read_in_this_process, source).result(timeout=120)
     assert there == [d.tolist() for d in _documents("code")]
     sent = pickle.loads(pickle.dumps(source))
     assert sent._lengths is None and sent._indexes == [None]  # no per-document array travels
@@ -329,21 +333,10 @@ def test_a_megatron_users_blend_trains_as_their_data_path_says():
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    data_path = ["0.7", WEB, "0.3", CODE]
-    blend = dict(zip(data_path[1::2], map(float, data_path[::2]), strict=True))
-    data = {
-        "train": {
-            Path(prefix).name: {
-                "kind": "megatron",
-                "path": prefix,
-                "weight": weight,
-                **({"end_of_document": EOD} if prefix == WEB else {"vocab_size": 100_000}),
-            }
-            for prefix, weight in blend.items()
-        },
-        "global_batch_size": 8,
-        "max_target_length": 32,
-    }
+    train = xd.megatron_datasets(f"0.7 {WEB} 0.3 {CODE}")  # their --data-path, pasted
+    train["web_text_document"]["end_of_document"] = EOD  # written with --append-eod
+    train["code_text_sentence"]["vocab_size"] = 100_000  # int32 ids
+    data = {"train": train, "global_batch_size": 8, "max_target_length": 32}
     mesh = xd.create_mesh("data:-1", devices=jax.devices()[:2])
     train, _ = xd.iterators_from_config(data, mesh)
     batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
