@@ -186,3 +186,10 @@ def test_the_megatron_config_takes_a_corpus_without_a_stored_end_and_overrides(t
         "--config.data.train.corpus.split=969,30,1",  # as the config's docstring says
     )
     assert "final_step: 2" in out
+    # A --data-path blend, quoted as one argument, with a per-dataset override.
+    prefix = fixtures / "web_text_document"
+    blend = f"{REPO / 'configs' / 'megatron.py'}:0.7 {prefix} 0.3 {prefix},50256"
+    out = train(
+        tmp_path / "blend", blend, *steps, "--config.data.train.web_text_document_2.weight=0.5"
+    )
+    assert "final_step: 2" in out

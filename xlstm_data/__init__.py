@@ -36,6 +36,7 @@ _EXPORTS = {
     "data_sharding": "xlstm_data.multihost.mesh",
     "iterators_from_config": "xlstm_data.from_config",
     "loss_by_source": "xlstm_data.source_loss",
+    "megatron_datasets": "xlstm_data.config.megatron_blend",
     "make_grain_llm_dataset": "xlstm_data.factories",
     "make_grain_llm_iterator": "xlstm_data.factories",
     "make_grain_multihost_iterator": "xlstm_data.factories",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from xlstm_data.checkpoint import DataCheckpointRestore as DataCheckpointRestore
     from xlstm_data.checkpoint import DataCheckpointSave as DataCheckpointSave
     from xlstm_data.config.data_config import default_data_config as default_data_config
+    from xlstm_data.config.megatron_blend import megatron_datasets as megatron_datasets
     from xlstm_data.errors import DataCheckpointError as DataCheckpointError
     from xlstm_data.errors import DataConfigError as DataConfigError
     from xlstm_data.errors import DataReadError as DataReadError

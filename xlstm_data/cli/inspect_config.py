@@ -34,15 +34,20 @@ SHOWN_IDS = 32
 
 
 def load_config(path: str) -> Any:
-    """Runs `get_config()` of a config file (the command line loads it with config_flags)."""
-    if not os.path.isfile(path):
+    """Runs `get_config()` of a config file (the command line loads it with config_flags).
+
+    As with config_flags, what follows the first colon is `get_config`'s argument
+    (`configs/megatron.py:/data/web_text_document,50256`).
+    """
+    file, colon, argument = path.partition(":")
+    if not os.path.isfile(file):
         raise DataConfigError(f"--config={path!r} is not a file; pass a configs/*.py file")
-    spec = importlib.util.spec_from_file_location("inspected_config", path)
+    spec = importlib.util.spec_from_file_location("inspected_config", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise DataConfigError(f"--config={path!r} has no get_config() function")
-    return module.get_config()
+    return module.get_config(argument) if colon else module.get_config()
 
 
 def _mesh_axis_dims(config: Any) -> Any:
@@ -288,7 +293,10 @@ def inspect_config(
         + ", ".join(f"{n} {history['component_share'][n]:.1%}" for n in history["names"]),
         file=out,
     )
-    png = png or os.path.splitext(os.path.basename(config_path))[0] + ".inspect.png"
+    # Named after the file, not the argument after its colon (a path, a blend).
+    png = (
+        png or os.path.splitext(os.path.basename(config_path.split(":", 1)[0]))[0] + ".inspect.png"
+    )
     _plot(history, png, config_path)
     print(f"plot: {png}", file=out)
     plan.update(

@@ -30,7 +30,12 @@ from typing import Any
 from absl import flags
 
 from xlstm_data.cli.common import UsageError, define_tokenizer_flags, progress_bar
-from xlstm_data.config.overrides import config_file_error, define_config_file, override_error
+from xlstm_data.config.overrides import (
+    config_file_error,
+    define_config_file,
+    flag_error,
+    override_error,
+)
 from xlstm_data.errors import DataConfigError, DataReadError
 
 PROG = "xlstm-data"
@@ -114,7 +119,7 @@ def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagV
         valid = ", ".join(f"--{name}" for name in sorted(fv) if name not in ("flagfile", "undefok"))
         raise UsageError(f"unknown flag {error.flagvalue}; valid flags: {valid}") from None
     except flags.Error as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(flag_error(error)) from None
     except (KeyError, AttributeError) as error:  # config_flags: a missing key or get_config
         raise UsageError(override_error(error)) from None
     return fv, positional

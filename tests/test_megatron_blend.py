@@ -1,0 +1,139 @@
+"""Megatron-LM's `--data-path` words become datasets, read as megatron-core reads them.
+
+`tests/fixtures/megatron/blends.json` holds what megatron-core 0.16.1's own
+`get_blend_from_list` and its builder's `normalize` made of each word list
+(`make_fixture.py`); no one here wrote those answers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xlstm_data as xd
+from tests.helpers import MEGATRON_FIXTURES, MEGATRON_WEB
+from tests.multiprocess import REPO
+from xlstm_data.cli.inspect_config import inspect_config, load_config
+from xlstm_data.cli.main import main as cli_main
+from xlstm_data.config.data_config import validate_data_config
+from xlstm_data.config.megatron_blend import UNWEIGHTED_NAME
+from xlstm_data.errors import DataConfigError
+from xlstm_data.plan.mixture import parse_mixture_schedule
+
+BLENDS = json.loads((MEGATRON_FIXTURES / "blends.json").read_text())
+MEGATRON_CONFIG = REPO / "configs" / "megatron.py"
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("words", sorted(BLENDS))
+def test_each_blend_is_the_one_megatron_core_reads_or_is_refused_naming_the_word(words):
+    theirs = BLENDS[words]
+    if any(map(_is_number, theirs["prefixes"])):  # Megatron looks for a corpus named "0.3"
+        with pytest.raises(
+            DataConfigError, match=r"data_path: (the last weight|word \d+ .* should be)"
+        ):
+            xd.megatron_datasets(words)
+        return
+    ours = xd.megatron_datasets(words)
+    if theirs["weights"] is None:  # by each corpus's size: one source over all of them
+        (dataset,) = ours.values()
+        paths = dataset["path"] if isinstance(dataset["path"], list) else [dataset["path"]]
+        assert paths == theirs["prefixes"] and "weight" not in dataset
+        return
+    assert [d["path"] for d in ours.values()] == theirs["prefixes"]
+    assert [d["weight"] for d in ours.values()] == pytest.approx(theirs["weights"])
+    names = list(ours)
+    stage = parse_mixture_schedule(None, names, {n: d["weight"] for n, d in ours.items()})
+    assert list(stage.weights[0]) == pytest.approx(theirs["blended"])  # normalised alike
+
+
+_PREFIX = st.from_regex(r"(/[a-z0-9._-]{1,8}){1,3}", fullmatch=True).filter(
+    lambda p: not _is_number(p.rsplit("/", 1)[-1])
+)
+_WEIGHT = st.floats(0, 1e6, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(_WEIGHT, _PREFIX), min_size=1, max_size=6).filter(
+        lambda pairs: any(w > 0 for w, _ in pairs)
+    ),
+    as_list=st.booleans(),
+)
+def test_weighted_words_give_one_dataset_per_prefix_in_order_named_as_config_keys(pairs, as_list):
+    words = [str(x) for pair in pairs for x in pair]
+    datasets = xd.megatron_datasets(words if as_list else " ".join(words), end_of_document=7)
+    assert [(d["weight"], d["path"]) for d in datasets.values()] == [
+        (float(repr(w)), p) for w, p in pairs
+    ]
+    assert all(d["kind"] == "megatron" and d["end_of_document"] == 7 for d in datasets.values())
+    for name, (_, prefix) in zip(datasets, pairs, strict=True):
+        assert re.fullmatch(r"\w+", name)  # an override can name it: --config.data.train.NAME.x
+        assert name.startswith(re.sub(r"\W", "_", prefix.rsplit("/", 1)[-1]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(prefixes=st.lists(_PREFIX, min_size=1, max_size=5))
+def test_prefixes_alone_are_one_dataset_over_all_of_them(prefixes):
+    (name, dataset), *_ = xd.megatron_datasets(" ".join(prefixes), split="98,2").items()
+    assert name == UNWEIGHTED_NAME and len(xd.megatron_datasets(prefixes)) == 1
+    assert dataset["path"] == (prefixes[0] if len(prefixes) == 1 else prefixes)
+    assert dataset["split"] == "98,2"
+
+
+@pytest.mark.parametrize(
+    ("data_path", "match"),
+    [
+        ("", r"data_path='' names no corpus"),
+        (["a", ""], r"names no corpus"),
+        (3, r"data_path=3 is not Megatron's --data-path"),
+        ([True, "a"], r"is not Megatron's --data-path"),
+        ("0.7 /data/web 0.3", r"the last weight .* \('0\.3'\) has no corpus prefix after it"),
+        ("0.7 /data/web /data/code", r"word 3 \('/data/code'\) .* should be a weight"),
+        ("/data/web 0.7", r"word 1 \('/data/web'\) .* should be a weight"),
+        ("0.7 0.3 /data/web", r"word 2 \('0\.3'\) .* should be a corpus prefix"),
+        ("-1 /data/web 2 /data/code", r"the weight of '/data/web' is -1\.0; expected a finite"),
+        ("inf /data/web", r"the weight of '/data/web' is inf"),
+        ("0 /data/web 0 /data/code", r"every weight of '0 /data/web 0 /data/code' is zero"),
+    ],
+)
+def test_words_that_are_not_a_blend_are_one_error_naming_the_word(data_path, match):
+    with pytest.raises(DataConfigError, match=match):
+        xd.megatron_datasets(data_path)
+
+
+def test_a_blend_in_the_shipped_config_serves_its_weights(tmp_path):
+    """`configs/megatron.py:'0.7 A 0.3 B,EOD'` as `inspect` shows it: 70/30 of the tokens."""
+    config = load_config(f"{MEGATRON_CONFIG}:0.7 {MEGATRON_WEB} 0.3 {MEGATRON_WEB},50256")
+    config.data.global_batch_size = 16
+    config.data.max_target_length = 32
+    train = validate_data_config(config.data).train
+    assert [(s.name, s.weight) for s in train] == [
+        ("web_text_document", 0.7),
+        ("web_text_document_2", 0.3),
+    ]
+    plan = inspect_config(config, png=str(tmp_path / "p.png"), plot_steps=200, out=io.StringIO())
+    assert plan["measured_shares"] == pytest.approx(
+        {"web_text_document": 0.7, "web_text_document_2": 0.3}, abs=0.03
+    )
+
+
+def test_a_bad_blend_after_the_configs_colon_is_one_error_line(capsys):
+    argument = f"0.7 {MEGATRON_WEB} 0.3,50256"
+    assert cli_main(["inspect", f"--config={MEGATRON_CONFIG}:{argument}"]) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    (line,) = [line for line in error.splitlines() if "error:" in line]
+    assert "the last weight" in line and "('0.3') has no corpus prefix after it" in line

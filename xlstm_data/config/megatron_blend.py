@@ -1,0 +1,134 @@
+"""Datasets from Megatron-LM's `--data-path` words: a blend a Megatron user already has.
+
+Megatron-LM takes a blend as `--data-path 0.7 /data/web_text_document 0.3
+/data/code_text_document`: weights and prefixes in turn, or prefixes alone.
+`megatron_datasets` turns those words into the `data.train` (or `data.eval`)
+entries of a config, so the blend is pasted, not translated by hand:
+
+- weighted words give one `megatron` dataset per prefix, with its weight
+  (normalised as Megatron normalises them; shares are of tokens, as
+  Megatron's are of samples of one sequence length);
+- prefixes alone give one dataset reading all of them, whose documents are
+  drawn as one corpus: each prefix in proportion to its size, as Megatron
+  weights an unweighted blend by each dataset's number of samples.
+
+Megatron reads words that do not parse into a blend as it can: an odd count
+is all prefixes, so `0.7 web 0.3` looks for a corpus named `0.3`. Such words
+are refused here, naming the word, before any file is opened. The prefixes
+themselves, and every other key, are checked where every dataset is
+(`validate_data_config`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from xlstm_data.errors import DataConfigError
+
+#: The dataset name of an unweighted blend (one dataset over every prefix).
+UNWEIGHTED_NAME = "corpus"
+
+
+def megatron_datasets(
+    data_path: str | Sequence[str], arg: str = "data_path", **options: Any
+) -> dict[str, dict[str, Any]]:
+    """The datasets Megatron-LM's `--data-path` words name, as config entries.
+
+    Args:
+      data_path: The words after `--data-path`, as one string or a list
+        (`["0.7", "/data/web_text_document", "0.3", "/data/code_text_document"]`).
+      arg: How errors name the argument.
+      **options: Keys every dataset gets (`end_of_document`, `vocab_size`,
+        `split`, `split_part`, `tokenizer`), checked with the config.
+
+    Returns:
+      {name: {"kind": "megatron", "path": prefix, "weight": w, **options}} for
+      a weighted blend, named after each prefix's file name; for prefixes
+      alone, {"corpus": {"kind": "megatron", "path": [prefixes], **options}}.
+
+    Raises:
+      DataConfigError: If the words do not read as a blend, or a weight is
+        negative, not finite or all weights are zero.
+    """
+    words = _words(data_path, arg)
+    numbers = [_number(word) for word in words]
+    if not any(n is not None for n in numbers):
+        path: str | list[str] = words[0] if len(words) == 1 else words
+        return {UNWEIGHTED_NAME: {"kind": "megatron", "path": path, **options}}
+    pairs = _weighted_pairs(words, numbers, arg)
+    datasets: dict[str, dict[str, Any]] = {}
+    for weight, prefix in pairs:
+        name = _unique_name(prefix, datasets)
+        datasets[name] = {"kind": "megatron", "path": prefix, "weight": weight, **options}
+    return datasets
+
+
+def _words(data_path: str | Sequence[str], arg: str) -> list[str]:
+    if isinstance(data_path, str):
+        words = data_path.split()
+    elif isinstance(data_path, list | tuple) and all(map(_is_word, data_path)):
+        words = [str(w).strip() for w in data_path]
+    else:
+        raise DataConfigError(
+            f"{arg}={data_path!r} is not Megatron's --data-path; pass its words as one string "
+            "or a list, e.g. '0.7 /data/web_text_document 0.3 /data/code_text_document'."
+        )
+    if not words or not all(words):
+        raise DataConfigError(
+            f"{arg}={data_path!r} names no corpus; pass a prefix such as "
+            "'/data/web_text_document', or weights and prefixes in turn."
+        )
+    return words
+
+
+def _is_word(word: Any) -> bool:
+    return isinstance(word, str) or (isinstance(word, int | float) and not isinstance(word, bool))
+
+
+def _number(word: str) -> float | None:
+    try:
+        return float(word)
+    except ValueError:
+        return None
+
+
+def _weighted_pairs(
+    words: list[str], numbers: list[float | None], arg: str
+) -> list[tuple[float, str]]:
+    """(weight, prefix) pairs of words that must alternate: a number, then a prefix."""
+    for place, (word, number) in enumerate(zip(words, numbers, strict=True)):
+        if (number is None) == (place % 2 == 0):  # a weight where a prefix goes, or the reverse
+            expected = "a weight" if place % 2 == 0 else "a corpus prefix"
+            raise DataConfigError(
+                f"{arg}: word {place + 1} ({word!r}) of {' '.join(words)!r} should be {expected}; "
+                "pass weights and prefixes in turn ('0.7 /data/web 0.3 /data/code') or "
+                "prefixes alone."
+            )
+    if len(words) % 2:
+        raise DataConfigError(
+            f"{arg}: the last weight of {' '.join(words)!r} ({words[-1]!r}) has no corpus "
+            "prefix after it; pass weights and prefixes in turn."
+        )
+    pairs = [(float(numbers[i]), words[i + 1]) for i in range(0, len(words), 2)]  # type: ignore[arg-type]
+    for weight, prefix in pairs:
+        if not math.isfinite(weight) or weight < 0:
+            raise DataConfigError(
+                f"{arg}: the weight of {prefix!r} is {weight!r}; expected a finite number >= 0."
+            )
+    if not any(weight > 0 for weight, _ in pairs):
+        raise DataConfigError(f"{arg}: every weight of {' '.join(words)!r} is zero; give one > 0.")
+    return pairs
+
+
+def _unique_name(prefix: str, taken: dict[str, Any]) -> str:
+    """The prefix's file name as a config key (letters, digits, _), unique among `taken`."""
+    base = re.sub(r"\W", "_", os.path.basename(prefix.rstrip("/"))) or "corpus"
+    name, count = base, 1
+    while name in taken:
+        count += 1
+        name = f"{base}_{count}"
+    return name
