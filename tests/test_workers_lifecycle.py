@@ -332,6 +332,35 @@ def test_dropped_iterators_release_their_threads(mesh):
     assert not _new_threads(before)
 
 
+def test_a_finalizer_run_where_the_prefetch_thread_is_blocked_does_not_wait_for_it():
+    """The collector may finalize a dropped iterator in a thread holding what its
+    prefetch thread waits for (here a lock a source read takes): the release
+    goes on elsewhere, and ends once that lock is let go."""
+    from xlstm_data.multihost.resources import IteratorResources
+
+    held = threading.Lock()
+    reading = threading.Event()
+
+    def read() -> int:
+        reading.set()
+        with held:
+            return 1
+
+    resources = IteratorResources()
+    held.acquire()
+    resources.prefetcher = BackgroundPrefetcher(read, depth=2)
+    thread = resources.prefetcher.thread
+    assert reading.wait(10)
+    finalizing = threading.Thread(target=resources.release_in_background)
+    finalizing.start()
+    finalizing.join(5)
+    assert not finalizing.is_alive(), "the finalizer waited for the blocked prefetch thread"
+    assert thread.is_alive()
+    held.release()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_next_after_close_raises_a_clear_error(mesh):
     iterator = _iterator(mesh)
     next(iterator)

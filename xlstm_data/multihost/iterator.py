@@ -191,7 +191,11 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         self._transfer = ChunkTransfer(
             FIELDS, self.sharding, self.layout.host_count, self._per_chunk
         )
-        self._finalizer = weakref.finalize(self, self._resources.release)
+        # Dropped without close(): released in a thread of its own, since the
+        # collector may run this in a thread holding what the prefetch thread
+        # waits for. At exit, `resources` releases what is left, waiting.
+        self._finalizer = weakref.finalize(self, self._resources.release_in_background)
+        self._finalizer.atexit = False
         self._closed = False
         self._element_spec: Any = None
         self.state_set = False
@@ -411,7 +415,8 @@ class PlannedDataIterator(clu.data.DatasetIterator):
         Closing twice is harmless.
         """
         self._closed = True
-        self._finalizer()
+        self._finalizer.detach()
+        self._resources.release()
 
     def reset(self) -> None:
         """Restarts at step 0 (online mixture updates stay in force)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing.util  # noqa: F401 - imported first, so its atexit hook runs after ours
+import threading
 from typing import Any
 
 from absl import logging
@@ -34,6 +35,8 @@ class IteratorResources:
     def __init__(self) -> None:
         self.prefetcher: BackgroundPrefetcher[Any] | None = None
         self.pipeline: WorkerHandover | None = None
+        #: One release at a time: a background one may still run at exit.
+        self._releasing = threading.Lock()
         _open.add(self)
 
     def stop_prefetch(self) -> None:
@@ -54,11 +57,25 @@ class IteratorResources:
 
     def release(self) -> None:
         """Stops the thread and the workers, waiting until they are gone."""
-        self.stop_prefetch()
-        if self.pipeline is not None:
-            self.pipeline.close()
-            self.pipeline = None
-        _open.discard(self)
+        with self._releasing:
+            self.stop_prefetch()
+            if self.pipeline is not None:
+                self.pipeline.close()
+                self.pipeline = None
+            _open.discard(self)
+
+    def release_in_background(self) -> None:
+        """`release` in a new thread: what an iterator's finalizer does.
+
+        A finalizer runs wherever the garbage collector does: in any thread,
+        which may hold a lock the prefetch thread needs before it can stop
+        (a logging handler's, a source's). Waiting for that thread there
+        could wait forever, so the wait happens elsewhere.
+        """
+        try:
+            threading.Thread(target=self.release, name="xlstm-data-release", daemon=True).start()
+        except RuntimeError as error:  # no new threads while the interpreter exits
+            logging.warning("a dropped data iterator is released at exit instead: %s", error)
 
 
 #: Resources of iterators not yet closed or collected; released at exit. No
