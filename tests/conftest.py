@@ -23,10 +23,8 @@ apart. Fresh-clone runs on the 2-core VM: 788 and 723 s of pytest in this order,
 against 849-904 s in xdist's (one earlier A/B had read 875 against 849).
 """
 
-import faulthandler
 import os
 import tempfile
-from pathlib import Path
 
 from tests.multiprocess import TEST_XLA_FLAGS
 
@@ -42,55 +40,15 @@ import pytest  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4
 
-#: A dump of every thread of a test process the hang watchdog killed (see
-#: `pytest_runtest_protocol`), one file per worker; the controller's summary
-#: prints them. Set once by the first process, so xdist's workers inherit it.
-HANG_DUMPS = Path(
-    os.environ.setdefault("XLSTM_DATA_TEST_HANG_DUMPS", tempfile.mkdtemp(prefix="xlstm-data-hang-"))
+# The hang watchdog's hooks (see its docstring).
+from tests.hang_watchdog import (  # noqa: E402, F401
+    pytest_configure,
+    pytest_exception_interact,
+    pytest_runtest_protocol,
+    pytest_runtest_setup,
+    pytest_terminal_summary,
+    pytest_unconfigure,
 )
-#: Seconds past a test's own pytest-timeout before the watchdog kills its process.
-HANG_GRACE = 120
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Kills a test process that outlives its timeout, after dumping every thread.
-
-    pytest-timeout's SIGALRM only acts when the main thread runs Python again,
-    and only once per test: a test stuck in native code holding the GIL, or
-    stuck again in its cleanup after the timeout was raised, held a CI run
-    until the CI's own limit (5400 s) with no word of which test. faulthandler's
-    watchdog is a native thread: it needs no GIL, writes every thread's stack to
-    a file the pytest output cannot capture, and ends the process, which xdist
-    reports as a crash naming the test (and replaces the worker).
-    """
-    marker = item.get_closest_marker("timeout")
-    limit = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
-    dump = open(HANG_DUMPS / f"{os.getpid()}.txt", "w")  # noqa: SIM115
-    dump.write(f"{item.nodeid} outlived its timeout ({limit:.0f} s) by {HANG_GRACE} s:\n")
-    dump.flush()
-    faulthandler.dump_traceback_later(limit + HANG_GRACE, exit=True, file=dump)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        dump.close()
-        os.unlink(dump.name)
-
-
-def pytest_runtest_setup(item):
-    """A test the watchdog killed fails at once when xdist hands it to a new worker."""
-    for path in HANG_DUMPS.glob("*.txt"):
-        if path.stem != str(os.getpid()) and path.read_text().startswith(f"{item.nodeid} outlived"):
-            pytest.fail(f"hung in process {path.stem}: its stacks end the output", pytrace=False)
-
-
-def pytest_terminal_summary(terminalreporter):
-    """Prints the stacks of every test process the watchdog killed."""
-    for path in sorted(HANG_DUMPS.glob("*.txt")):
-        terminalreporter.write_sep("=", f"hung test process {path.stem}")
-        terminalreporter.write_line(path.read_text())
-
 
 #: Modules by their time on one worker, longest first (seconds in a fresh-clone
 #: `make test`, 2026-11-27: 321, 138, 110, 87, 82, 76, 74, 73, 72, 70, 68, 67,
