@@ -332,33 +332,62 @@ def test_dropped_iterators_release_their_threads(mesh):
     assert not _new_threads(before)
 
 
-def test_a_finalizer_run_where_the_prefetch_thread_is_blocked_does_not_wait_for_it():
+class _GatedDocuments:
+    """Documents whose reads wait while the gate is shut, as for a lock another thread holds."""
+
+    def __init__(self, docs):
+        self.docs = docs
+        self.cond = threading.Condition()
+        self.shut = False
+        self.waiting = 0
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitem__(self, index):
+        with self.cond:
+            self.waiting += 1
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: not self.shut)
+            self.waiting -= 1
+        return self.docs[index]
+
+    def set_shut(self, shut: bool) -> None:
+        with self.cond:
+            self.shut = shut
+            self.cond.notify_all()
+
+
+def _take_until_it_fails(iterator) -> None:
+    try:
+        while True:
+            next(iterator)
+    except Exception:  # noqa: BLE001 - stopped by the release; nothing to report
+        pass
+
+
+def test_a_finalizer_run_while_the_prefetch_thread_waits_on_the_finalizing_thread(mesh):
     """The collector may finalize a dropped iterator in a thread holding what its
-    prefetch thread waits for (here a lock a source read takes): the release
-    goes on elsewhere, and ends once that lock is let go."""
-    from xlstm_data.multihost.resources import IteratorResources
-
-    held = threading.Lock()
-    reading = threading.Event()
-
-    def read() -> int:
-        reading.set()
-        with held:
-            return 1
-
-    resources = IteratorResources()
-    held.acquire()
-    resources.prefetcher = BackgroundPrefetcher(read, depth=2)
-    thread = resources.prefetcher.thread
-    assert reading.wait(10)
-    finalizing = threading.Thread(target=resources.release_in_background)
-    finalizing.start()
-    finalizing.join(5)
-    assert not finalizing.is_alive(), "the finalizer waited for the blocked prefetch thread"
-    assert thread.is_alive()
-    held.release()
-    thread.join(10)
-    assert not thread.is_alive()
+    prefetch thread waits for (here a read a gate holds): the finalizer returns,
+    and the release ends once the gate opens."""
+    docs = _GatedDocuments(unique_token_docs(range(1, 40)))
+    iterator = xd.make_grain_llm_iterator(None, None, mesh, docs, 4, 8, True, 0, worker_count=0)
+    next(iterator)
+    producer = iterator._resources.prefetcher.thread
+    docs.set_shut(True)
+    try:
+        threading.Thread(target=_take_until_it_fails, args=(iterator,), daemon=True).start()
+        with docs.cond:
+            assert docs.cond.wait_for(lambda: docs.waiting > 0, timeout=30)
+        finalizing = threading.Thread(target=iterator._finalizer, daemon=True)
+        finalizing.start()  # what the collector calls once the iterator is unreachable
+        finalizing.join(5)
+        assert not finalizing.is_alive(), "the finalizer waited for the blocked prefetch thread"
+        assert producer.is_alive()
+    finally:
+        docs.set_shut(False)
+    producer.join(10)
+    assert not producer.is_alive()
 
 
 def test_next_after_close_raises_a_clear_error(mesh):

@@ -75,11 +75,11 @@ class IteratorResources:
         try:
             threading.Thread(target=self.release, name="xlstm-data-release", daemon=True).start()
         except RuntimeError as error:  # no new threads while the interpreter exits
-            logging.warning("a dropped data iterator is released at exit instead: %s", error)
+            logging.warning("a dropped data iterator could not be released: %s", error)
 
 
-#: Resources of iterators not yet closed or collected; released at exit. No
-#: lock: `release` runs in finalizers, wherever the garbage collector does, and
+#: Resources of iterators not yet released; released at exit. No lock: it
+#: changes in several threads (closing, releasing in the background), and
 #: single set operations are atomic under the GIL.
 _open: set[IteratorResources] = set()
 
