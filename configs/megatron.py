@@ -20,12 +20,15 @@ with that id, once. For a corpus written without `--append-eod`, leave the
 comma out and name the tokenizer's id: `--config.data.eod_token_id=50256`
 (Megatron's files record no tokenizer, so it is refused, not guessed). A
 corpus of int32 ids (tokenizers of 65,500 ids or more) also needs
-`--config.data.train.corpus.vocab_size=N` (for a weighted blend, per
-dataset: `--config.data.train.web_text_document.vocab_size=N`). Several
-corpora also go in as a glob of their `.idx` files,
+`--config.data.train.corpus.vocab_size=N`. The overrides here name the
+dataset of one prefix, `corpus`; for a weighted blend, name each dataset
+(`--config.data.train.web_text_document.vocab_size=N`). Several corpora also
+go in as a glob of their `.idx` files,
 `--config.data.train.corpus.path=/data/*_text_document.idx`. To hold out
 Megatron's valid part, add `--config.data.train.corpus.split=969,30,1` and an
-eval dataset of the same files with the same split and `split_part: "valid"`.
+eval dataset of the same files with the same split and `split_part: "valid"`
+(`xlstm_data.megatron_datasets(words, mixed=False, split=..., split_part="valid")`
+makes them for a blend).
 """
 
 from ml_collections import config_dict
@@ -42,8 +45,8 @@ def get_config(argument: str | None = None) -> config_dict.ConfigDict:
             "comma when it was written with --append-eod: "
             "--config=configs/megatron.py:/data/web_text_document,50256"
         )
-    data_path, _, end = argument.rpartition(",") if "," in argument else (argument, "", "")
-    if end and not end.strip().isdigit():
+    data_path, comma, end = argument.rpartition(",") if "," in argument else (argument, "", "")
+    if comma and not end.strip().isdigit():
         raise ValueError(
             f"configs/megatron.py:{argument}: the end-of-document id after the comma must be a "
             f"non-negative integer, not {end!r}: --config=configs/megatron.py:{data_path},50256"
@@ -53,7 +56,7 @@ def get_config(argument: str | None = None) -> config_dict.ConfigDict:
     data = config.data
     # Left out without `,EOD`, so that an override can still set it.
     options = {"end_of_document": int(end)} if end else {}
-    datasets = megatron_datasets(data_path, arg=f"configs/megatron.py:{data_path}", **options)
+    datasets = megatron_datasets(data_path, arg="configs/megatron.py's data_path", **options)
     data.train = config_dict.ConfigDict(datasets)
     data.global_batch_size = 32
     data.max_target_length = 256

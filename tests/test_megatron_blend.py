@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -27,6 +28,8 @@ from xlstm_data.plan.mixture import parse_mixture_schedule
 
 BLENDS = json.loads((MEGATRON_FIXTURES / "blends.json").read_text())
 MEGATRON_CONFIG = REPO / "configs" / "megatron.py"
+#: A config of one dataset per name given after its colon (comma-separated).
+NAMES_CONFIG = Path(__file__).with_name("fixtures") / "names_config.py"
 
 
 def _is_number(word: str) -> bool:
@@ -42,7 +45,7 @@ def test_each_blend_is_the_one_megatron_core_reads_or_is_refused_naming_the_word
     theirs = BLENDS[words]
     if any(map(_is_number, theirs["prefixes"])):  # Megatron looks for a corpus named "0.3"
         with pytest.raises(
-            DataConfigError, match=r"data_path: (the last weight|word \d+ .* should be)"
+            DataConfigError, match=r"data_path=.*: (the last weight|word \d+ .*should be)"
         ):
             xd.megatron_datasets(words)
         return
@@ -59,9 +62,10 @@ def test_each_blend_is_the_one_megatron_core_reads_or_is_refused_naming_the_word
     assert list(stage.weights[0]) == pytest.approx(theirs["blended"])  # normalised alike
 
 
-_PREFIX = st.from_regex(r"(/[a-z0-9._-]{1,8}){1,3}", fullmatch=True).filter(
-    lambda p: not _is_number(p.rsplit("/", 1)[-1])
-)
+#: Prefixes whose file names start with digits, are keywords or ConfigDict methods too.
+_PREFIX = st.from_regex(
+    r"(/[a-z0-9._-]{1,8}){0,2}/([a-z0-9._-]{1,8}|class|items|None|keys)", fullmatch=True
+).filter(lambda p: not _is_number(p.rsplit("/", 1)[-1]))
 _WEIGHT = st.floats(0, 1e6, allow_nan=False, allow_infinity=False)
 
 
@@ -80,8 +84,26 @@ def test_weighted_words_give_one_dataset_per_prefix_in_order_named_as_config_key
     ]
     assert all(d["kind"] == "megatron" and d["end_of_document"] == 7 for d in datasets.values())
     for name, (_, prefix) in zip(datasets, pairs, strict=True):
-        assert re.fullmatch(r"\w+", name)  # an override can name it: --config.data.train.NAME.x
-        assert name.startswith(re.sub(r"\W", "_", prefix.rsplit("/", 1)[-1]))
+        assert re.sub(r"\W", "_", prefix.rsplit("/", 1)[-1]) in name
+    _assert_overrides_name_each(datasets)
+    evaluated = xd.megatron_datasets(words, mixed=False)  # data.eval: not mixed, no weights
+    assert list(evaluated) == list(datasets)
+    assert not any("weight" in d for d in evaluated.values())
+
+
+def _assert_overrides_name_each(datasets: dict) -> None:
+    """`--config.data.train.NAME.vocab_size=5` reaches each dataset, through config_flags."""
+    from absl import flags
+
+    from xlstm_data.config.overrides import define_config_file
+
+    names = list(datasets)
+    argv = ["prog", f"--config={NAMES_CONFIG}:{','.join(names)}"]
+    argv += [f"--config.data.train.{name}.vocab_size=5" for name in names]
+    values = flags.FlagValues()
+    define_config_file("config", flag_values=values, sys_argv=argv)
+    values(argv)
+    assert [values.config.data.train[name].vocab_size for name in names] == [5] * len(names)
 
 
 @settings(max_examples=30, deadline=None)
@@ -100,18 +122,27 @@ def test_prefixes_alone_are_one_dataset_over_all_of_them(prefixes):
         (["a", ""], r"names no corpus"),
         (3, r"data_path=3 is not Megatron's --data-path"),
         ([True, "a"], r"is not Megatron's --data-path"),
-        ("0.7 /data/web 0.3", r"the last weight .* \('0\.3'\) has no corpus prefix after it"),
-        ("0.7 /data/web /data/code", r"word 3 \('/data/code'\) .* should be a weight"),
-        ("/data/web 0.7", r"word 1 \('/data/web'\) .* should be a weight"),
-        ("0.7 0.3 /data/web", r"word 2 \('0\.3'\) .* should be a corpus prefix"),
-        ("-1 /data/web 2 /data/code", r"the weight of '/data/web' is -1\.0; expected a finite"),
-        ("inf /data/web", r"the weight of '/data/web' is inf"),
-        ("0 /data/web 0 /data/code", r"every weight of '0 /data/web 0 /data/code' is zero"),
+        (
+            "0.7 /data/web 0.3",
+            r"='0\.7 /data/web 0\.3': the last weight \('0\.3'\) has no corpus prefix after it",
+        ),
+        ("0.7 /data/web /data/code", r"word 3 \('/data/code'\) should be a weight"),
+        ("/data/web 0.7", r"word 1 \('/data/web'\) should be a weight"),
+        ("0.7 0.3 /data/web", r"word 2 \('0\.3'\) should be a corpus prefix"),
+        ("-1 /data/web 2 /data/code", r"the weight of '/data/web' is '-1'; expected a finite"),
+        ("1e400 /data/web", r"the weight of '/data/web' is '1e400'"),
+        ("0 /data/web 0 /data/code", r"='0 /data/web 0 /data/code': every weight is zero"),
     ],
 )
 def test_words_that_are_not_a_blend_are_one_error_naming_the_word(data_path, match):
     with pytest.raises(DataConfigError, match=match):
         xd.megatron_datasets(data_path)
+
+
+@pytest.mark.parametrize("key", ["kind", "path", "weight"])
+def test_options_cannot_set_what_the_words_give(key):
+    with pytest.raises(DataConfigError, match=f"data_path: {key}=.* is given by the --data-path"):
+        xd.megatron_datasets("0.5 /a 0.5 /b", **{key: "/x"})
 
 
 def test_a_blend_in_the_shipped_config_serves_its_weights(tmp_path):
@@ -136,4 +167,5 @@ def test_a_bad_blend_after_the_configs_colon_is_one_error_line(capsys):
     error = capsys.readouterr().err
     assert "Traceback" not in error
     (line,) = [line for line in error.splitlines() if "error:" in line]
-    assert "the last weight" in line and "('0.3') has no corpus prefix after it" in line
+    assert f"data_path='0.7 {MEGATRON_WEB} 0.3': the last weight ('0.3') has no corpus" in line
+    assert line.count("0.7") == 2  # the flag as given, then the words once

@@ -10,7 +10,6 @@ were given to the builder.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import multiprocessing
 import pickle
@@ -122,19 +121,27 @@ def test_a_megatron_corpus_trains_to_the_batches_of_the_same_documents_prepared_
     np.testing.assert_array_equal(unset[1]["targets"], theirs[1]["targets"])
 
 
-def _read_in_this_process(source: MegatronIndexedSource) -> list[list[int]]:
-    return [d.tolist() for d in source.read_many(range(len(source)))]
+def _read_in_this_process(source: MegatronIndexedSource, results) -> None:
+    results.put([d.tolist() for d in source.read_many(range(len(source)))])
 
 
 def test_a_source_sent_to_another_process_maps_the_corpus_there():
     """What grain's workers get: the source pickled as paths, its maps made in the worker."""
     source = MegatronIndexedSource(CODE, vocab_size=100_000)
     source.check_files()  # mapped here; the maps do not travel
-    # An executor, not a Pool: a child that dies unpickling its task fails the
-    # test (BrokenProcessPool) instead of leaving the Pool waiting for it.
+    # A process of its own, killed at the end: a Pool waits forever for a child
+    # that died unpickling its task, and an executor's exit for one that hangs.
     spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as executor:
-        there = executor.submit(_read_in_this_process, source).result(timeout=120)
+    results = spawn.Queue()
+    child = spawn.Process(target=_read_in_this_process, args=(source, results), daemon=True)
+    child.start()
+    try:
+        there = results.get(timeout=120)
+        child.join(30)
+        assert child.exitcode == 0, f"the reading process ended with {child.exitcode}"
+    finally:
+        child.kill()
+        child.join(10)
     assert there == [d.tolist() for d in _documents("code")]
     sent = pickle.loads(pickle.dumps(source))
     assert sent._lengths is None and sent._indexes == [None]  # no per-document array travels

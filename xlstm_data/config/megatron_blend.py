@@ -21,11 +21,14 @@ themselves, and every other key, are checked where every dataset is
 
 from __future__ import annotations
 
+import keyword
 import math
 import os
 import re
 from collections.abc import Sequence
 from typing import Any
+
+import ml_collections
 
 from xlstm_data.errors import DataConfigError
 
@@ -34,7 +37,7 @@ UNWEIGHTED_NAME = "corpus"
 
 
 def megatron_datasets(
-    data_path: str | Sequence[str], arg: str = "data_path", **options: Any
+    data_path: str | Sequence[str], arg: str = "data_path", mixed: bool = True, **options: Any
 ) -> dict[str, dict[str, Any]]:
     """The datasets Megatron-LM's `--data-path` words name, as config entries.
 
@@ -42,28 +45,40 @@ def megatron_datasets(
       data_path: The words after `--data-path`, as one string or a list
         (`["0.7", "/data/web_text_document", "0.3", "/data/code_text_document"]`).
       arg: How errors name the argument.
+      mixed: False for `data.eval`, whose datasets are evaluated apart, not
+        mixed: the weights are left out.
       **options: Keys every dataset gets (`end_of_document`, `vocab_size`,
         `split`, `split_part`, `tokenizer`), checked with the config.
 
     Returns:
       {name: {"kind": "megatron", "path": prefix, "weight": w, **options}} for
-      a weighted blend, named after each prefix's file name; for prefixes
+      a weighted blend, named after each prefix's file name (as a key a
+      `--config.data.train.NAME.KEY=...` override can name); for prefixes
       alone, {"corpus": {"kind": "megatron", "path": [prefixes], **options}}.
 
     Raises:
-      DataConfigError: If the words do not read as a blend, or a weight is
-        negative, not finite or all weights are zero.
+      DataConfigError: If the words do not read as a blend, a weight is
+        negative, not finite or all weights are zero, or `options` sets what
+        the words give (`kind`, `path`, `weight`).
     """
+    given = sorted(set(options) & {"kind", "path", "weight"})
+    if given:
+        raise DataConfigError(
+            f"{arg}: {given[0]}={options[given[0]]!r} is given by the --data-path words; pass "
+            "only the other keys of a megatron dataset (end_of_document, vocab_size, split, "
+            "split_part, tokenizer)."
+        )
     words = _words(data_path, arg)
     numbers = [_number(word) for word in words]
     if not any(n is not None for n in numbers):
         path: str | list[str] = words[0] if len(words) == 1 else words
         return {UNWEIGHTED_NAME: {"kind": "megatron", "path": path, **options}}
-    pairs = _weighted_pairs(words, numbers, arg)
     datasets: dict[str, dict[str, Any]] = {}
-    for weight, prefix in pairs:
+    for weight, prefix in _weighted_pairs(words, numbers, arg):
         name = _unique_name(prefix, datasets)
-        datasets[name] = {"kind": "megatron", "path": prefix, "weight": weight, **options}
+        datasets[name] = {"kind": "megatron", "path": prefix, **options}
+        if mixed:
+            datasets[name]["weight"] = weight
     return datasets
 
 
@@ -100,33 +115,45 @@ def _weighted_pairs(
     words: list[str], numbers: list[float | None], arg: str
 ) -> list[tuple[float, str]]:
     """(weight, prefix) pairs of words that must alternate: a number, then a prefix."""
+    where = f"{arg}={' '.join(words)!r}"
     for place, (word, number) in enumerate(zip(words, numbers, strict=True)):
         if (number is None) == (place % 2 == 0):  # a weight where a prefix goes, or the reverse
             expected = "a weight" if place % 2 == 0 else "a corpus prefix"
             raise DataConfigError(
-                f"{arg}: word {place + 1} ({word!r}) of {' '.join(words)!r} should be {expected}; "
-                "pass weights and prefixes in turn ('0.7 /data/web 0.3 /data/code') or "
-                "prefixes alone."
+                f"{where}: word {place + 1} ({word!r}) should be {expected}; pass weights and "
+                "prefixes in turn ('0.7 /data/web 0.3 /data/code') or prefixes alone."
             )
     if len(words) % 2:
         raise DataConfigError(
-            f"{arg}: the last weight of {' '.join(words)!r} ({words[-1]!r}) has no corpus "
-            "prefix after it; pass weights and prefixes in turn."
+            f"{where}: the last weight ({words[-1]!r}) has no corpus prefix after it; pass "
+            "weights and prefixes in turn."
         )
-    pairs = [(float(numbers[i]), words[i + 1]) for i in range(0, len(words), 2)]  # type: ignore[arg-type]
-    for weight, prefix in pairs:
+    pairs = []
+    for i in range(0, len(words), 2):
+        weight = float(numbers[i])  # type: ignore[arg-type]
         if not math.isfinite(weight) or weight < 0:
             raise DataConfigError(
-                f"{arg}: the weight of {prefix!r} is {weight!r}; expected a finite number >= 0."
+                f"{where}: the weight of {words[i + 1]!r} is {words[i]!r}; expected a finite "
+                "number >= 0."
             )
+        pairs.append((weight, words[i + 1]))
     if not any(weight > 0 for weight, _ in pairs):
-        raise DataConfigError(f"{arg}: every weight of {' '.join(words)!r} is zero; give one > 0.")
+        raise DataConfigError(f"{where}: every weight is zero; give one > 0.")
     return pairs
 
 
 def _unique_name(prefix: str, taken: dict[str, Any]) -> str:
-    """The prefix's file name as a config key (letters, digits, _), unique among `taken`."""
-    base = re.sub(r"\W", "_", os.path.basename(prefix.rstrip("/"))) or "corpus"
+    """The prefix's file name as a config key an override can name, unique among `taken`.
+
+    Characters other than letters, digits and _ become _. A name config_flags
+    cannot parse as an attribute (`2024_cc`, `class`) gets `corpus_` before
+    it, and one a `ConfigDict` has as a method (`items`) `_corpus` after it.
+    """
+    base = re.sub(r"\W", "_", os.path.basename(prefix.rstrip("/"))) or UNWEIGHTED_NAME
+    if not base.isidentifier() or keyword.iskeyword(base):
+        base = f"{UNWEIGHTED_NAME}_{base}"
+    if hasattr(ml_collections.ConfigDict(), base):
+        base = f"{base}_{UNWEIGHTED_NAME}"
     name, count = base, 1
     while name in taken:
         count += 1
