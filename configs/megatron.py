@@ -22,13 +22,15 @@ comma out and name the tokenizer's id: `--config.data.eod_token_id=50256`
 corpus of int32 ids (tokenizers of 65,500 ids or more) also needs
 `--config.data.train.corpus.vocab_size=N`. The overrides here name the
 dataset of one prefix, `corpus`; for a weighted blend, name each dataset
-(`--config.data.train.web_text_document.vocab_size=N`). Several corpora also
+(`--config.data.train.web_text_document.vocab_size=N`); `,EOD` goes to every
+corpus of a blend, so one written without `--append-eod` needs
+`--config.data.train.books_text_document.end_of_document=None`. Several corpora also
 go in as a glob of their `.idx` files,
 `--config.data.train.corpus.path=/data/*_text_document.idx`. To hold out
 Megatron's valid part, add `--config.data.train.corpus.split=969,30,1` and an
 eval dataset of the same files with the same split and `split_part: "valid"`
 (`xlstm_data.megatron_datasets(words, mixed=False, split=..., split_part="valid")`
-makes them for a blend).
+makes them for a blend, named `web_text_document_valid` and so on).
 """
 
 from ml_collections import config_dict

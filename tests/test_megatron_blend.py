@@ -169,3 +169,28 @@ def test_a_bad_blend_after_the_configs_colon_is_one_error_line(capsys):
     (line,) = [line for line in error.splitlines() if "error:" in line]
     assert f"data_path='0.7 {MEGATRON_WEB} 0.3': the last weight ('0.3') has no corpus" in line
     assert line.count("0.7") == 2  # the flag as given, then the words once
+
+
+def test_a_blend_and_its_valid_part_make_the_train_and_eval_sets_of_one_config():
+    """As the config's docstring says: the same words, split, and the valid part for eval."""
+    words = f"0.7 {MEGATRON_WEB} 0.3 {MEGATRON_WEB}"
+    options = {"end_of_document": 50256, "split": "969,30,1"}
+    data = {
+        "train": xd.megatron_datasets(words, **options),
+        "eval": xd.megatron_datasets(words, mixed=False, split_part="valid", **options),
+        "global_batch_size": 4,
+        "max_target_length": 32,
+    }
+    train, evals = xd.iterators_from_config(data, xd.create_mesh())
+    try:
+        assert sorted(evals) == ["web_text_document_2_valid", "web_text_document_valid"]
+        assert next(train).inputs.shape == (4, 32)
+        assert next(evals["web_text_document_valid"]).inputs.shape[1] == 32
+    finally:
+        for iterator in (train, *evals.values()):
+            iterator.close()
+
+
+def test_a_prefix_given_with_its_bin_or_idx_suffix_is_named_as_the_prefix():
+    datasets = xd.megatron_datasets("0.5 /d/web_text_document.bin 0.5 /e/web_text_document.idx")
+    assert list(datasets) == ["web_text_document", "web_text_document_2"]

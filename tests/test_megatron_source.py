@@ -556,3 +556,12 @@ def test_a_split_given_as_numbers_reads_as_the_string_and_errors_name_file_docum
     # The corpus's own document number (31), not the part's (1).
     with pytest.raises(DataReadError, match=r"document 31 of .*web_text_document\.bin"):
         narrow.read_many([1])
+
+
+def test_one_number_given_as_the_split_is_megatrons_split_of_that_string():
+    """An override `...split=90` arrives as an int; Megatron reads "90" as all train."""
+    from xlstm_data.sources.megatron_indexed import split_bookends
+
+    assert split_bookends(90, "train") == split_bookends("90", "train") == (0.0, 1.0)
+    with pytest.raises(DataConfigError, match="split=90 gives the 'valid' part no documents"):
+        split_bookends(90, "valid")

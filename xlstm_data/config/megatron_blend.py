@@ -55,6 +55,8 @@ def megatron_datasets(
       a weighted blend, named after each prefix's file name (as a key a
       `--config.data.train.NAME.KEY=...` override can name); for prefixes
       alone, {"corpus": {"kind": "megatron", "path": [prefixes], **options}}.
+      With `split_part` "valid" or "test", the names end with `_valid` or
+      `_test`, apart from the train datasets of the same words.
 
     Raises:
       DataConfigError: If the words do not read as a blend, a weight is
@@ -70,15 +72,21 @@ def megatron_datasets(
         )
     words = _words(data_path, arg)
     numbers = [_number(word) for word in words]
+    # A valid or test part is named apart from the train datasets of the same words.
+    part = options.get("split_part")
+    suffix = f"_{part}" if isinstance(part, str) and part != "train" else ""
     if not any(n is not None for n in numbers):
         path: str | list[str] = words[0] if len(words) == 1 else words
-        return {UNWEIGHTED_NAME: {"kind": "megatron", "path": path, **options}}
+        return {UNWEIGHTED_NAME + suffix: {"kind": "megatron", "path": path, **options}}
     datasets: dict[str, dict[str, Any]] = {}
+    names: set[str] = set()
     for weight, prefix in _weighted_pairs(words, numbers, arg):
-        name = _unique_name(prefix, datasets)
-        datasets[name] = {"kind": "megatron", "path": prefix, **options}
+        name = _unique_name(prefix, names)
+        names.add(name)
+        # The suffix after the count: a train `web_2` has its valid part in `web_2_valid`.
+        datasets[name + suffix] = {"kind": "megatron", "path": prefix, **options}
         if mixed:
-            datasets[name]["weight"] = weight
+            datasets[name + suffix]["weight"] = weight
     return datasets
 
 
@@ -142,14 +150,16 @@ def _weighted_pairs(
     return pairs
 
 
-def _unique_name(prefix: str, taken: dict[str, Any]) -> str:
+def _unique_name(prefix: str, taken: set[str]) -> str:
     """The prefix's file name as a config key an override can name, unique among `taken`.
 
     Characters other than letters, digits and _ become _. A name config_flags
     cannot parse as an attribute (`2024_cc`, `class`) gets `corpus_` before
     it, and one a `ConfigDict` has as a method (`items`) `_corpus` after it.
     """
-    base = re.sub(r"\W", "_", os.path.basename(prefix.rstrip("/"))) or UNWEIGHTED_NAME
+    file_name = os.path.basename(prefix.rstrip("/"))
+    file_name = file_name.removesuffix(".bin").removesuffix(".idx")  # as a prefix reads them
+    base = re.sub(r"\W", "_", file_name) or UNWEIGHTED_NAME
     if not base.isidentifier() or keyword.iskeyword(base):
         base = f"{UNWEIGHTED_NAME}_{base}"
     if hasattr(ml_collections.ConfigDict(), base):

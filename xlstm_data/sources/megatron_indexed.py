@@ -124,7 +124,7 @@ def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, fl
     `"98/2"`), missing ones 0, normalised; the parts' bookends are their
     running sums, the same float additions Megatron makes. A list of up to 3
     numbers is taken too (what a command-line override `...split=969,30,1`
-    gives). A string Megatron would misread silently (`"1e3,1"` is 1:3:1
+    gives), and one number (`...split=90`). A string Megatron would misread silently (`"1e3,1"` is 1:3:1
     there, `"-1,2"` 1:2) is refused.
 
     Raises:
@@ -167,6 +167,8 @@ def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, fl
 
 def _split_numbers(split: Any) -> list[float] | None:
     """The numbers of a `--split` string or list, or None when it is not one."""
+    if isinstance(split, (int, float)) and not isinstance(split, bool):
+        split = [split]  # an override `...split=90` arrives as a number: Megatron's "90"
     if isinstance(split, str):
         if not _SPLIT.fullmatch(split):
             return None
