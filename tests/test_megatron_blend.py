@@ -194,3 +194,11 @@ def test_a_blend_and_its_valid_part_make_the_train_and_eval_sets_of_one_config()
 def test_a_prefix_given_with_its_bin_or_idx_suffix_is_named_as_the_prefix():
     datasets = xd.megatron_datasets("0.5 /d/web_text_document.bin 0.5 /e/web_text_document.idx")
     assert list(datasets) == ["web_text_document", "web_text_document_2"]
+
+
+def test_an_override_of_a_dataset_the_blend_does_not_have_lists_the_ones_it_has(capsys):
+    """The docs' `...corpus.split` names the dataset of one prefix; a blend's are named apart."""
+    config = f"--config={MEGATRON_CONFIG}:0.7 {MEGATRON_WEB} 0.3 {MEGATRON_WEB},50256"
+    assert cli_main(["inspect", config, "--config.data.train.corpus.split=969,30,1"]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "no section 'corpus'; data.train has sections: web_text_document, " in line

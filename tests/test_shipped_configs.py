@@ -103,6 +103,7 @@ def test_an_unknown_override_is_refused_by_name(tmp_path):
         tmp_path, REPO / "configs" / "demo.py", "--config.chekpoint.every_steps=2", expect=2
     )
     assert "no section 'chekpoint'" in error and 'Did you mean "checkpoint"' in error
+    assert "the config has sections: adaptive_mixture, checkpoint, data, mesh, model" in error
     error = train(
         tmp_path, REPO / "configs" / "demo.py", "--config.data.train.code.prat=code", expect=1
     )

@@ -73,7 +73,7 @@ def parse_or_exit(
     try:
         return flag_values(list(argv), known_only=known_only)
     except (KeyError, AttributeError) as error:
-        exit_with_error(override_error(error), 2)
+        exit_with_error(override_error(error, argv), 2)
     except flags.Error as error:
         exit_with_error(flag_error(error), 2)
 

@@ -11,7 +11,6 @@ show up here in seconds instead of hours into a run.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any, TextIO
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from xlstm_data.config.data_config import validate_data_config
 from xlstm_data.config.end_of_document import resolve_eod_token_id
-from xlstm_data.errors import DataConfigError
+from xlstm_data.config.overrides import load_config
 from xlstm_data.from_config import iterators_from_config
 from xlstm_data.multihost.mesh import DEFAULT_AXIS_DIMS, create_mesh, parse_axis_spec
 from xlstm_data.plan.schedule import BatchSizeSchedule
@@ -31,23 +30,6 @@ SAMPLE_SIZE = 2_000
 SEGMENT_MARK = " ‖ "
 #: Token ids shown per document when a sample row cannot be decoded to text.
 SHOWN_IDS = 32
-
-
-def load_config(path: str) -> Any:
-    """Runs `get_config()` of a config file (the command line loads it with config_flags).
-
-    As with config_flags, what follows the first colon is `get_config`'s argument
-    (`configs/megatron.py:/data/web_text_document,50256`).
-    """
-    file, colon, argument = path.partition(":")
-    if not os.path.isfile(file):
-        raise DataConfigError(f"--config={path!r} is not a file; pass a configs/*.py file")
-    spec = importlib.util.spec_from_file_location("inspected_config", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise DataConfigError(f"--config={path!r} has no get_config() function")
-    return module.get_config(argument) if colon else module.get_config()
 
 
 def _mesh_axis_dims(config: Any) -> Any:

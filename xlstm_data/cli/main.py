@@ -121,7 +121,7 @@ def parse(command: Command, argv: Sequence[str], prog: str) -> tuple[flags.FlagV
     except flags.Error as error:
         raise UsageError(flag_error(error)) from None
     except (KeyError, AttributeError) as error:  # config_flags: a missing key or get_config
-        raise UsageError(override_error(error)) from None
+        raise UsageError(override_error(error, argv)) from None
     return fv, positional
 
 

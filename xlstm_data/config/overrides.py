@@ -20,12 +20,15 @@ override syntax and what it accepts are the same everywhere:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from absl import flags
 from ml_collections import config_flags
+
+from xlstm_data.errors import DataConfigError
 
 _NONE_SPELLINGS = ("None", "none", "null")
 
@@ -79,12 +82,13 @@ def define_config_file(
     )
 
 
-def override_error(error: BaseException) -> str:
+def override_error(error: BaseException, argv: Sequence[str] = ()) -> str:
     """One line for what parsing `--config` overrides raised (a KeyError or AttributeError).
 
     `ml_collections` raises them for an override under a section the config
     does not have (a quoted key, then a "Did you mean" hint) and for a config
-    file without `get_config()`.
+    file without `get_config()`. With the command line's `argv`, the line
+    also lists the sections the config has where the override looked.
     """
     text = str(error.args[0] if error.args else error).replace("\\n", "\n")
     if "get_config" in text:
@@ -92,9 +96,44 @@ def override_error(error: BaseException) -> str:
     key, *hints = [line.strip(" '\"") for line in text.split("\n") if line.strip(" '\"")]
     hint = f"; {' '.join(hints)}" if hints else ""
     return (
-        f"--config: the config has no section {key!r}{hint} (an override may add a key to a "
-        "section, not a new section)"
+        f"--config: the config has no section {key!r}{hint}{_sections_beside(key, argv)} (an "
+        "override may add a key to a section, not a new section)"
     )
+
+
+def _sections_beside(key: str, argv: Sequence[str]) -> str:
+    """ "; data.train has sections: a, b" for the override of `argv` that names `key`, or ""."""
+    config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    override = next((a for a in argv if a.startswith("--config.") and f".{key}." in a), None)
+    if config_arg is None or override is None:
+        return ""
+    parents = override.split("=", 1)[0].removeprefix("--config.").split(f".{key}.", 1)[0]
+    parents = "" if parents.startswith(f"{key}.") else parents
+    try:
+        node = load_config(config_arg)
+        for part in filter(None, parents.split(".")):
+            node = node[part]
+        sections = sorted(name for name, value in node.items() if hasattr(value, "items"))
+    except Exception:  # noqa: BLE001 - only a hint; the error line stands without it
+        return ""
+    return f"; {parents or 'the config'} has sections: {', '.join(sections) or 'none'}"
+
+
+def load_config(path: str) -> Any:
+    """Runs `get_config()` of a config file, as config_flags loads `--config`.
+
+    As with config_flags, what follows the first colon is `get_config`'s argument
+    (`configs/megatron.py:/data/web_text_document,50256`).
+    """
+    file, colon, argument = path.partition(":")
+    if not os.path.isfile(file):
+        raise DataConfigError(f"--config={path!r} is not a file; pass a configs/*.py file")
+    spec = importlib.util.spec_from_file_location("loaded_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise DataConfigError(f"--config={path!r} has no get_config() function")
+    return module.get_config(argument) if colon else module.get_config()
 
 
 _TRACEBACK = "Traceback (most recent call last):"

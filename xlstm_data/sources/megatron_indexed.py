@@ -124,8 +124,8 @@ def split_bookends(split: Any, part: Any, arg: str = "split") -> tuple[float, fl
     `"98/2"`), missing ones 0, normalised; the parts' bookends are their
     running sums, the same float additions Megatron makes. A list of up to 3
     numbers is taken too (what a command-line override `...split=969,30,1`
-    gives), and one number (`...split=90`). A string Megatron would misread silently (`"1e3,1"` is 1:3:1
-    there, `"-1,2"` 1:2) is refused.
+    gives), and one number (`...split=90`). A string Megatron would misread
+    silently (`"1e3,1"` is 1:3:1 there, `"-1,2"` 1:2) is refused.
 
     Raises:
       DataConfigError: Naming `arg`, on anything but up to 3 non-negative
