@@ -103,7 +103,7 @@ def override_error(error: BaseException, argv: Sequence[str] = ()) -> str:
 
 def _sections_beside(key: str, argv: Sequence[str]) -> str:
     """ "; data.train has sections: a, b" for the override of `argv` that names `key`, or ""."""
-    config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    config_arg = _config_value(argv)
     override = next((a for a in argv if a.startswith("--config.") and f".{key}." in a), None)
     if config_arg is None or override is None:
         return ""
@@ -163,14 +163,20 @@ def config_file_error(argv: Sequence[str]) -> str | None:
     Checked before parsing: `config_flags` would raise an `OSError` with a
     traceback, and only once the config is first read.
     """
-    path = None
-    for i, arg in enumerate(argv):  # `--config=V` or `--config V`, the last one; not after `--`
-        if arg == "--":
-            break
-        if arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        elif arg == "--config" and i + 1 < len(argv):
-            path = argv[i + 1]
+    path = _config_value(argv)
     if path is not None and not os.path.isfile(path.split(":", 1)[0]):
         return f"--config={path!r} is not a file; pass a config .py with get_config()"
     return None
+
+
+def _config_value(argv: Sequence[str]) -> str | None:
+    """`--config=V` or `--config V` of `argv`, the last one; not after `--`."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg.startswith("--config="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
