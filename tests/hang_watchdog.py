@@ -44,12 +44,17 @@ _armed: dict[str, object] = {}
 
 
 def _limit(item: pytest.Item) -> float:
-    """The test's own pytest-timeout in seconds (0: none), as pytest-timeout reads it."""
+    """The test's own pytest-timeout in seconds (0: none), as pytest-timeout reads it.
+
+    Its marker, `--timeout` and ini settings read by its own (private) reader,
+    so the two never disagree.
+    """
     try:
         from pytest_timeout import _get_item_settings
-    except ImportError:  # pytest-timeout not installed: no timeout to outlive
+
+        return float(_get_item_settings(item).timeout or 0)
+    except (ImportError, AttributeError):  # not installed, or off (-p no:timeout)
         return 0.0
-    return float(_get_item_settings(item).timeout or 0)
 
 
 def _arm(seconds: float) -> None:
