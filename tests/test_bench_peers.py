@@ -18,7 +18,7 @@ import pytest
 from bench import common
 from bench.peers import __main__ as cli
 from bench.peers import corpus, harness, run_ours, runner_util
-from tests.helpers import MEGATRON_WEB
+from tests.helpers import MEGATRON_FIXTURES, MEGATRON_WEB
 from xlstm_data.multihost.shared_slots import RELEASE
 
 
@@ -119,16 +119,65 @@ def test_the_10e8_cold_start_runs_ours_alone_against_absolute_bounds(tmp_path, m
         raise AssertionError("no peer corpus is written at 10^8 documents")
 
     monkeypatch.setattr(harness, "megatron_prefix", no_peer_corpus)
-    (ours,) = harness.cold_start_subjects(settings, 10**8, {}, tmp_path / "scratch")
+    layout = str(tmp_path / "megatron_layout" / "corpus")
+    monkeypatch.setattr(harness, "megatron_layout_prefix", lambda spec: layout)
+    ours, megatron_files = harness.cold_start_subjects(settings, 10**8, {}, tmp_path / "scratch")
     assert ours.task["evict"] == [str(written)]  # out of the page cache before each run
+    # Megatron's own layout (written with numpy there), read in place by kind "megatron".
+    assert (megatron_files.label, megatron_files.runner) == ("ours_megatron_files", "ours")
+    assert megatron_files.task["sources"]["cold"] == harness.megatron_files_source(layout)
+    assert megatron_files.task["evict"] == [layout + ".bin", layout + ".idx"]
     ratios = {
         f"cold_start {10**8} ours first_batch_secs": harness.summarize([1.2, 1.4]),
         f"cold_start {10**8} ours peak_rss_mb": harness.summarize([1500.0]),
+        f"cold_start {10**8} ours_megatron_files first_batch_secs": harness.summarize([6.0]),
+        f"cold_start {10**8} ours_megatron_files peak_rss_mb": harness.summarize([700.0]),
     }
     found = {t["metric"]: t for t in harness.targets(ratios, settings)}
     assert found[f"cold_start {10**8} ours first_batch_secs"]["met"] is True
     assert found[f"cold_start {10**8} ours peak_rss_mb"]["met"] is False
+    assert found[f"cold_start {10**8} ours_megatron_files first_batch_secs"]["met"] is False
+    assert found[f"cold_start {10**8} ours_megatron_files peak_rss_mb"]["met"] is True
     assert f"cold_start {10**8} ours/megatron" not in found
+
+
+def test_megatron_layout_written_with_numpy_is_the_builders_bytes(tmp_path):
+    """`write_megatron_layout` against files megatron-core's `IndexedDatasetBuilder` wrote.
+
+    The fixture's documents (some empty: no end-of-document id is stored
+    after those) written again with numpy give the same `.bin` and `.idx`,
+    byte for byte, as the builder's (two halves merged with `add_index`).
+    """
+    documents = np.load(MEGATRON_FIXTURES / "documents.npz")
+    lengths = documents["web_lengths"]
+    assert (lengths == 0).any() and (lengths > 0).any()
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    prefix = str(tmp_path / "web")
+    written = corpus.write_megatron_layout(
+        documents["web"].astype(np.uint16), offsets, prefix, eod=50256
+    )
+    assert written == {"documents": len(lengths), "ids": int(lengths.sum() + (lengths > 0).sum())}
+    for suffix in (".bin", ".idx"):
+        ours = (tmp_path / ("web" + suffix)).read_bytes()
+        assert ours == (MEGATRON_FIXTURES / ("web_text_document" + suffix)).read_bytes(), suffix
+
+
+def test_megatron_layout_spans_several_write_chunks(tmp_path, monkeypatch):
+    """Documents written a chunk at a time read back whole through kind "megatron"."""
+    from xlstm_data.sources.megatron_indexed import MegatronIndexedSource
+
+    monkeypatch.setattr(corpus, "CHUNK_DOCUMENTS", 3)
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 6, size=11)
+    tokens = rng.integers(corpus.EOD_ID + 1, corpus.VOCAB_SIZE, int(lengths.sum()), np.uint16)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    prefix = str(tmp_path / "corpus")
+    corpus.write_megatron_layout(tokens, offsets, prefix)
+    source = MegatronIndexedSource(prefix, end_of_document=corpus.EOD_ID)
+    assert source.lengths().tolist() == lengths.tolist()
+    read = source.read_many(np.arange(len(lengths)))
+    for k, document in enumerate(read):
+        assert document.tolist() == tokens[offsets[k] : offsets[k + 1]].tolist()
 
 
 def test_a_cold_start_drops_its_corpus_from_the_page_cache_first(tmp_path, monkeypatch):

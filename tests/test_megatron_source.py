@@ -420,15 +420,64 @@ def test_a_document_deep_in_the_corpus_without_its_stored_end_fails_when_read(
         source.read_many([late - 1, late])
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 3, 1 << 22])
-def test_document_boundaries_are_checked_in_chunks_across_their_seams(chunk):
-    """A fall or a document of several sequences is found whichever chunk holds it."""
-    from xlstm_data.sources.megatron_indexed import _step_range
+def _index_with_boundaries(tmp_path, boundaries: list[int]) -> str:
+    """An `.idx` of one-id sequences with these document boundaries (in sequences)."""
+    sequences = max(boundaries)
+    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, sequences, len(boundaries))
+    path = tmp_path / f"bounds_{len(list(tmp_path.glob('bounds_*')))}.idx"
+    path.write_bytes(
+        header
+        + np.ones(sequences, "<i4").tobytes()
+        + (2 * np.arange(sequences, dtype="<i8")).tobytes()
+        + np.array(boundaries, "<i8").tobytes()
+    )
+    return str(path)
 
-    assert _step_range(np.array([0, 1, 2, 3, 4]), chunk) == (1, 1)
-    assert _step_range(np.array([0, 1, 2, 1, 4]), chunk) == (-1, 3)
-    assert _step_range(np.array([0, 1, 1, 2]), chunk) == (0, 1)
-    assert _step_range(np.array([0]), chunk) == (1, 1)
+
+@pytest.mark.parametrize("block", [1, 2, 3, 1 << 22])
+def test_document_boundaries_are_checked_in_blocks_across_their_seams(tmp_path, monkeypatch, block):
+    """A fall or a document of several sequences is found whichever block holds it."""
+    from xlstm_data.sources import megatron_indexed
+
+    monkeypatch.setattr(megatron_indexed, "_BLOCK", block)
+    one_each = megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 2, 3, 4]))
+    assert one_each._firsts is None and one_each.lengths.tolist() == [1, 1, 1, 1]
+    several = megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 1, 3]))
+    assert several.lengths.tolist() == [1, 0, 2]  # an empty document, then one of two
+    with pytest.raises(DataReadError, match="boundaries must rise from 0 to 4.*and fall"):
+        megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 2, 1, 4]))
+    assert megatron_indexed._step_range(iter([np.array([0])])) == (1, 1)
+
+
+def test_the_checks_at_start_leave_no_idx_array_resident(tmp_path, monkeypatch):
+    """Each block the checks read is let go once checked (`MADV_DONTNEED`), also the lengths.
+
+    At 10^8 documents the `.idx` is 2 GB; its boundaries and lengths, read
+    whole at start, left 1.2 GB of it in the resident set.
+    """
+    from xlstm_data.sources import megatron_indexed
+
+    monkeypatch.setattr(megatron_indexed, "_BLOCK", 1000)
+    released = []
+    real = megatron_indexed._Index._release
+    monkeypatch.setattr(
+        megatron_indexed._Index,
+        "_release",
+        lambda self, begin, size: (released.append((begin, size)), real(self, begin, size)),
+    )
+    documents = 10_000
+    boundaries = list(range(documents + 1))
+    index = megatron_indexed._Index(_index_with_boundaries(tmp_path, boundaries))
+    header = megatron_indexed._HEADER
+    bounds_at = header + 12 * documents
+    covered = lambda first, last: any(  # noqa: E731
+        begin <= first and last <= begin + size for begin, size in released
+    )
+    assert all(covered(bounds_at + 8 * k, bounds_at + 8 * (k + 1)) for k in range(documents))
+    assert all(covered(header + 4 * k, header + 4 * (k + 1)) for k in range(documents))
+    released.clear()
+    assert index.lengths_less_stored_ends(10, 3010).tolist() == [0] * 3000
+    assert all(covered(header + 4 * k, header + 4 * (k + 1)) for k in range(10, 3010))
 
 
 def test_two_processes_read_the_rows_one_process_reads(tmp_path):
