@@ -415,7 +415,8 @@ def test_a_document_deep_in_the_corpus_without_its_stored_end_fails_when_read(
     source.check_files()
     source.read_many(range(late))
     with pytest.raises(
-        DataReadError, match=rf"web_text_document\.bin: document {late} is followed by id 7"
+        DataReadError,
+        match=rf"web_text_document\.bin: document {late} ends with id 7, not end_of_document",
     ):
         source.read_many([late - 1, late])
 

@@ -504,7 +504,7 @@ class MegatronIndexedSource(TokenSource):
             self._dtype,
         )
         if end_of_document is not None:
-            self._check_sampled_ends(end_of_document)
+            self._check_sampled_ends()
         logging.info(
             "MegatronIndexedSource: %d documents in %d corpora (%s ...), %s ids, vocab_size=%d.",
             len(self._lengths),
@@ -570,24 +570,33 @@ class MegatronIndexedSource(TokenSource):
             stored[empty] = index.lengths[documents[empty]] > 0
             ends = end[stored]
             if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
-                self._refuse_stored_ends(k, tokens, documents[stored], ends)
+                self._refuse_stored_ends(k, tokens, documents[stored], ends, "read together")
             return begin, end
 
         return MappedShard(tokens, spans)
 
     def _refuse_stored_ends(
-        self, k: int, tokens: np.ndarray, local: np.ndarray, ends: np.ndarray
+        self, k: int, tokens: np.ndarray, local: np.ndarray, ends: np.ndarray, looked_at: str
     ) -> None:
-        """Names the first of documents `local` not followed by `end_of_document` (at `ends`)."""
+        """Refuses documents `local` of corpus `k` unless `end_of_document` is at each of `ends`.
+
+        The one check of a stored end, and its one message, whether a read
+        finds it or the first documents looked at when the source is built.
+        """
+        eod = self.end_of_document
         inside = ends < len(tokens)
-        found = tokens[np.minimum(ends, len(tokens) - 1)]
-        bad = int(np.flatnonzero(~inside | (found != self.end_of_document))[0])
+        found = tokens[np.minimum(ends, len(tokens) - 1)] if len(tokens) else np.zeros_like(ends)
+        wrong = ~inside | (found != eod)
+        if not wrong.any():
+            return
+        bad = int(np.flatnonzero(wrong)[0])
         what = f"id {int(found[bad])}" if inside[bad] else "the end of the file"
         raise DataReadError(
-            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} is "
-            f"followed by {what}, not end_of_document={self.end_of_document}; a corpus written "
-            "without --append-eod is read with end_of_document=None (its own dataset when "
-            "others have the id)."
+            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} ends "
+            f"with {what}, not end_of_document={eod} ({int((~wrong).sum())} of the "
+            f"{len(ends)} documents {looked_at} end with it); a corpus written without "
+            "--append-eod is read with end_of_document=None (its own dataset when others have "
+            "the id)."
         )
 
     # What the pipeline asks ------------------------------------------------------
@@ -650,10 +659,11 @@ class MegatronIndexedSource(TokenSource):
         What `resolve_eod_token_id` looks at to refuse a run that would
         append a second end-of-document id to documents that hold one.
         """
-        return {
-            self._prefixes[k] + ".bin": self._stored_ends(k, local)
-            for k, local in self._sampled().items()
-        }
+        last = {}
+        for k, local in self._sampled().items():
+            tokens = self._shards.shard(k).tokens
+            last[self._prefixes[k] + ".bin"] = tokens[self._stored_ends(k, local)].astype(np.int64)
+        return last
 
     def _sampled(self) -> dict[int, np.ndarray]:
         """Each corpus's first non-empty documents: `SAMPLED_ENDS` in all, at least 4 each.
@@ -674,27 +684,16 @@ class MegatronIndexedSource(TokenSource):
         return sampled
 
     def _stored_ends(self, k: int, local: np.ndarray) -> np.ndarray:
-        """The last id stored for documents `local` of corpus `k` (with its `.idx` lengths)."""
-        tokens = self._shards.shard(k).tokens
+        """Where documents `local` of corpus `k` store their last id (with their `.idx` lengths)."""
         index = self._index(k)
         _, end = index.spans(local, index.lengths[local])
-        return tokens[end - 1].astype(np.int64)
+        return end - 1
 
-    def _check_sampled_ends(self, end_of_document: int) -> None:
+    def _check_sampled_ends(self) -> None:
         """Refuses `end_of_document` at once when a corpus's first documents do not end with it."""
         for k, local in self._sampled().items():
-            ends = self._stored_ends(k, local)
-            if (ends == end_of_document).all():
-                continue
-            bad = int(np.flatnonzero(ends != end_of_document)[0])
-            matching = int((ends == end_of_document).sum())
-            raise DataReadError(
-                f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} "
-                f"ends with id {int(ends[bad])}, not end_of_document={end_of_document} (of "
-                f"the {len(ends)} first documents looked at, {matching} "
-                "end with it); a corpus written without --append-eod is read with "
-                "end_of_document=None (its own dataset when others have the id)."
-            )
+            tokens = self._shards.shard(k).tokens
+            self._refuse_stored_ends(k, tokens, local, self._stored_ends(k, local), "first")
 
     def _read(self, index: int) -> np.ndarray:
         (tokens,) = self.read_many(np.array([index], dtype=np.int64))
