@@ -416,7 +416,8 @@ def test_a_document_deep_in_the_corpus_without_its_stored_end_fails_when_read(
     source.read_many(range(late))
     with pytest.raises(
         DataReadError,
-        match=rf"web_text_document\.bin: document {late} ends with id 7, not end_of_document",
+        match=rf"web_text_document\.bin: document {late} ends with id 7, not "
+        rf"end_of_document={EOD} \(of the (2|1) documents read together, (1|0) end with it\)",
     ):
         source.read_many([late - 1, late])
 

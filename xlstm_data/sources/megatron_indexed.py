@@ -570,7 +570,9 @@ class MegatronIndexedSource(TokenSource):
             stored[empty] = index.lengths[documents[empty]] > 0
             ends = end[stored]
             if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
-                self._refuse_stored_ends(k, tokens, documents[stored], ends, "read together")
+                self._refuse_stored_ends(
+                    k, tokens, documents[stored], ends, "the {} documents read together"
+                )
             return begin, end
 
         return MappedShard(tokens, spans)
@@ -579,6 +581,8 @@ class MegatronIndexedSource(TokenSource):
         self, k: int, tokens: np.ndarray, local: np.ndarray, ends: np.ndarray, looked_at: str
     ) -> None:
         """Refuses documents `local` of corpus `k` unless `end_of_document` is at each of `ends`.
+
+        `looked_at` names the documents, `{}` their count.
 
         The one check of a stored end, and its one message, whether a read
         finds it or the first documents looked at when the source is built.
@@ -593,8 +597,8 @@ class MegatronIndexedSource(TokenSource):
         what = f"id {int(found[bad])}" if inside[bad] else "the end of the file"
         raise DataReadError(
             f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} ends "
-            f"with {what}, not end_of_document={eod} ({int((~wrong).sum())} of the "
-            f"{len(ends)} documents {looked_at} end with it); a corpus written without "
+            f"with {what}, not end_of_document={eod} (of {looked_at.format(len(ends))}, "
+            f"{int((~wrong).sum())} end with it); a corpus written without "
             "--append-eod is read with end_of_document=None (its own dataset when others have "
             "the id)."
         )
@@ -693,7 +697,8 @@ class MegatronIndexedSource(TokenSource):
         """Refuses `end_of_document` at once when a corpus's first documents do not end with it."""
         for k, local in self._sampled().items():
             tokens = self._shards.shard(k).tokens
-            self._refuse_stored_ends(k, tokens, local, self._stored_ends(k, local), "first")
+            ends = self._stored_ends(k, local)
+            self._refuse_stored_ends(k, tokens, local, ends, "its first {} documents")
 
     def _read(self, index: int) -> np.ndarray:
         (tokens,) = self.read_many(np.array([index], dtype=np.int64))
