@@ -176,6 +176,15 @@ def test_inspect_bad_override_value_and_missing_config(tmp_path, config):
     result = xlstm_data("inspect", "--config=nothing.py", cwd=tmp_path)
     assert result.returncode == 2
     assert "--config='nothing.py' is not a file" in result.stderr
+    # Loaded from Python (not through a command line): the same one message.
+    from xlstm_data.config.overrides import config_file_error, load_config
+    from xlstm_data.errors import DataConfigError
+
+    missing = str(tmp_path / "nothing.py") + ":/data/web,50256"
+    with pytest.raises(DataConfigError) as raised:
+        load_config(missing)
+    assert str(raised.value) == config_file_error([f"--config={missing}"])
+    assert str(raised.value).startswith(f"--config={missing!r} is not a file")
 
 
 # ----------------------------------------------------------------------------

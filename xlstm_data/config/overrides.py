@@ -125,9 +125,10 @@ def load_config(path: str) -> Any:
     As with config_flags, what follows the first colon is `get_config`'s argument
     (`configs/megatron.py:/data/web_text_document,50256`).
     """
+    missing = _not_a_file(path)
+    if missing:
+        raise DataConfigError(missing)
     file, colon, argument = path.partition(":")
-    if not os.path.isfile(file):
-        raise DataConfigError(f"--config={path!r} is not a file; pass a configs/*.py file")
     spec = importlib.util.spec_from_file_location("loaded_config", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -164,9 +165,14 @@ def config_file_error(argv: Sequence[str]) -> str | None:
     traceback, and only once the config is first read.
     """
     path = _config_value(argv)
-    if path is not None and not os.path.isfile(path.split(":", 1)[0]):
-        return f"--config={path!r} is not a file; pass a config .py with get_config()"
-    return None
+    return None if path is None else _not_a_file(path)
+
+
+def _not_a_file(path: str) -> str | None:
+    """The one message for a `--config` (`FILE[:ARGUMENT]`) whose file does not exist."""
+    if os.path.isfile(path.partition(":")[0]):
+        return None
+    return f"--config={path!r} is not a file; pass a config .py with get_config()"
 
 
 def _config_value(argv: Sequence[str]) -> str | None:
