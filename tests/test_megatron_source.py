@@ -91,6 +91,39 @@ def test_documents_of_several_sentences_read_as_one():
     np.testing.assert_array_equal(source[24]["tokens"], _documents("code")[24])
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 1 << 22])
+def test_documents_of_several_sentences_are_summed_and_checked_a_block_at_a_time(
+    tmp_path, monkeypatch, block
+):
+    """Lengths summed, sequences checked back to back, whichever block a document's seam is in.
+
+    The sums and the check used to take whole-corpus temporaries (1.6 GB at
+    10^8 sentences); each is now a block of the `.idx` at a time.
+    """
+    from xlstm_data.sources import megatron_indexed
+
+    monkeypatch.setattr(megatron_indexed, "_BLOCK", block)
+    documents = _documents("code")
+    source = MegatronIndexedSource(CODE, vocab_size=100_000)
+    assert source.lengths().dtype == np.int32
+    assert source.lengths().tolist() == [len(d) for d in documents]
+    for read, document in zip(source.read_many(range(len(source))), documents, strict=True):
+        np.testing.assert_array_equal(read, document)
+    # The next-to-last sequence moved away from the one before it (the last block).
+    prefix = _copy(tmp_path, CODE)
+    idx = bytearray(Path(prefix + ".idx").read_bytes())
+    sequences = int(np.frombuffer(bytes(idx[18:26]), "<u8")[0])
+    at = megatron_indexed._HEADER + 4 * sequences + 8 * (sequences - 2)
+    pointer = int(np.frombuffer(bytes(idx[at : at + 8]), "<i8")[0])
+    idx[at : at + 8] = struct.pack("<q", pointer + 4)
+    Path(prefix + ".idx").write_bytes(bytes(idx))
+    moved = MegatronIndexedSource(prefix, vocab_size=100_000)
+    with pytest.raises(
+        DataReadError, match=rf"sequence {sequences - 2} does not follow sequence {sequences - 3}"
+    ):
+        moved.check_files()
+
+
 def test_a_megatron_corpus_trains_to_the_batches_of_the_same_documents_prepared_here(tmp_path):
     """Same lengths, same plan: the batches equal those of `prepare`'s flat shards.
 
@@ -443,7 +476,7 @@ def test_document_boundaries_are_checked_in_blocks_across_their_seams(tmp_path, 
 
     monkeypatch.setattr(megatron_indexed, "_BLOCK", block)
     one_each = megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 2, 3, 4]))
-    assert one_each._firsts is None and one_each.lengths.tolist() == [1, 1, 1, 1]
+    assert one_each._bounds is None and one_each.lengths.tolist() == [1, 1, 1, 1]
     several = megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 1, 3]))
     assert several.lengths.tolist() == [1, 0, 2]  # an empty document, then one of two
     with pytest.raises(DataReadError, match="boundaries must rise from 0 to 4.*and fall"):
