@@ -321,14 +321,17 @@ def write_megatron_layout(
             part[is_end] = eod
             part[~is_end] = tokens[begin : int(offsets[last])]
             out.write(part.tobytes())
-    pointers = np.zeros(count, dtype="<i8")
-    np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
-    pointers *= 2
     with open(prefix + ".idx", "wb") as out:
         out.write(_MEGATRON_HEADER + struct.pack("<QQ", count, count + 1))
-        out.write(sizes.tobytes())
-        out.write(pointers.tobytes())
-        out.write(np.arange(count + 1, dtype="<i8").tobytes())
+        sizes.tofile(out)
+        pointer = 0  # in bytes; written a chunk at a time (800 MB of them at 10^8)
+        for first in range(0, count, CHUNK_DOCUMENTS):
+            part = sizes[first : first + CHUNK_DOCUMENTS].astype(np.int64) * 2
+            ends = np.cumsum(part)
+            (pointer + ends - part).astype("<i8").tofile(out)
+            pointer += int(ends[-1])
+        for first in range(0, count + 1, CHUNK_DOCUMENTS):
+            np.arange(first, min(first + CHUNK_DOCUMENTS, count + 1), dtype="<i8").tofile(out)
     return {"documents": count, "ids": int(sizes.sum(dtype=np.int64))}
 
 

@@ -265,6 +265,22 @@ def check_ids_are_bounded(prefixes: list[str], arg: str) -> None:
             )
 
 
+def _advise(mapped: mmap.mmap | None, advice: str, *where: int) -> None:
+    """`mapped.madvise(mmap.<advice>, *where)` where the platform has it; never fails.
+
+    Advice changes only speed and the resident set: Linux refuses
+    `MADV_DONTNEED` on locked memory (`mlockall`, as some RDMA setups do),
+    and the corpus reads the same without it.
+    """
+    flag = getattr(mmap, advice, None)
+    if mapped is None or flag is None:
+        return
+    try:
+        mapped.madvise(flag, *where)
+    except OSError as error:
+        logging.log_first_n(logging.INFO, "madvise(%s) refused: %s", 1, advice, error)
+
+
 #: Entries of an `.idx` array checked at a time (32 MB of int64).
 _BLOCK = 1 << 22
 
@@ -326,11 +342,10 @@ class _Index:
             raise DataReadError(
                 f"MegatronIndexedSource: {path}: a negative sequence length: {_REMEDY}."
             )
-        if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
-            # Read from now on a document at a time, in shuffled order: without this a
-            # read maps 64 KB around each entry, and the first batch at 10^8 documents
-            # left 424 MB of the .idx resident.
-            mapped.madvise(mmap.MADV_RANDOM)
+        # Read from now on a document at a time, in shuffled order: without this a
+        # read maps 64 KB around each entry, and the first batch at 10^8 documents
+        # left 424 MB of the .idx resident.
+        _advise(mapped, "MADV_RANDOM")
         #: Each document's first sequence is `bounds[d]`; None for one sequence a document.
         self._bounds: np.ndarray | None = None
         if low == high == 1:  # one sequence a document: the lengths as mapped, no copy
@@ -380,12 +395,12 @@ class _Index:
 
     def _release(self, begin: int, size: int) -> None:
         """Drops bytes `[begin, begin + size)` of the `.idx` map from the resident set."""
-        if self._mapped is None or not hasattr(self._mapped, "madvise"):
+        if self._mapped is None:
             return
         aligned = begin - begin % mmap.PAGESIZE
         end = min(begin + size, len(self._mapped))
         if end > aligned:
-            self._mapped.madvise(mmap.MADV_DONTNEED, aligned, end - aligned)
+            _advise(self._mapped, "MADV_DONTNEED", aligned, end - aligned)
 
     def lengths_less_stored_ends(self, begin: int, end: int) -> np.ndarray:
         """Documents `[begin, end)`'s lengths less the stored end of each non-empty one.
@@ -577,8 +592,8 @@ class MegatronIndexedSource(TokenSource):
                 f"{ids} ids of {self._dtype.itemsize} bytes in it; the file is truncated or from "
                 f"another corpus: {_REMEDY}."
             )
-        if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_RANDOM"):
-            mapped.madvise(mmap.MADV_RANDOM)  # documents are read in shuffled order
+        if isinstance(mapped, mmap.mmap):
+            _advise(mapped, "MADV_RANDOM")  # documents are read in shuffled order
         index.check_back_to_back()
         tokens = np.frombuffer(mapped, dtype=self._dtype, count=ids)
         # The part's lengths as `lengths()` holds them (stored ends left out), a view.
@@ -602,9 +617,7 @@ class MegatronIndexedSource(TokenSource):
             stored[empty] = index.lengths[documents[empty]] > 0
             ends = end[stored]
             if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
-                self._refuse_stored_ends(
-                    k, tokens, documents[stored], ends, "the {} documents read together"
-                )
+                self._refuse_stored_ends(k, tokens, documents[stored], ends, "the {} read together")
             return begin, end
 
         return MappedShard(tokens, spans)
@@ -612,12 +625,12 @@ class MegatronIndexedSource(TokenSource):
     def _refuse_stored_ends(
         self, k: int, tokens: np.ndarray, local: np.ndarray, ends: np.ndarray, looked_at: str
     ) -> None:
-        """Refuses documents `local` of corpus `k` unless `end_of_document` is at each of `ends`.
-
-        `looked_at` names the documents, `{}` their count.
+        """Refuses non-empty documents `local` of corpus `k` unless `end_of_document` ends each.
 
         The one check of a stored end, and its one message, whether a read
         finds it or the first documents looked at when the source is built.
+        `ends` are where each document's end is stored; `looked_at` names the
+        documents, `{}` standing for their count ("the {} read together").
         """
         eod = self.end_of_document
         inside = ends < len(tokens)
@@ -626,11 +639,15 @@ class MegatronIndexedSource(TokenSource):
         if not wrong.any():
             return
         bad = int(np.flatnonzero(wrong)[0])
-        what = f"id {int(found[bad])}" if inside[bad] else "the end of the file"
+        if inside[bad]:
+            what = f"ends with id {int(found[bad])}, not end_of_document={eod}"
+        else:
+            what = f"runs past the end of the file, where end_of_document={eod} should follow it"
+        count = len(ends)
+        among = looked_at.format(f"{count} non-empty document{'s' * (count != 1)}")
         raise DataReadError(
-            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} ends "
-            f"with {what}, not end_of_document={eod} (of {looked_at.format(len(ends))}, "
-            f"{int((~wrong).sum())} end with it); a corpus written without "
+            f"MegatronIndexedSource: {self._prefixes[k]}.bin: document {int(local[bad])} {what} "
+            f"(of {among}, {int((~wrong).sum())} end with it); a corpus written without "
             "--append-eod is read with end_of_document=None (its own dataset when others have "
             "the id)."
         )
@@ -730,7 +747,7 @@ class MegatronIndexedSource(TokenSource):
         for k, local in self._sampled().items():
             tokens = self._shards.shard(k).tokens
             ends = self._stored_ends(k, local)
-            self._refuse_stored_ends(k, tokens, local, ends, "its first {} documents")
+            self._refuse_stored_ends(k, tokens, local, ends, "its first {}")
 
     def _read(self, index: int) -> np.ndarray:
         (tokens,) = self.read_many(np.array([index], dtype=np.int64))
