@@ -530,6 +530,30 @@ def test_the_checks_at_start_leave_no_idx_array_resident(tmp_path, monkeypatch, 
     assert released[0] < kept[0] / 3 and released[1] < kept[1] / 3, (released, kept)
 
 
+def _write_uint16_corpus(prefix: Path, stored: list[list[int]]) -> str:
+    """A Megatron corpus of these stored documents (ids and any stored end), one sequence each."""
+    sizes = np.array([len(d) for d in stored], "<i4")
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 2]).astype("<i8")
+    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(sizes), len(sizes) + 1)
+    Path(f"{prefix}.idx").write_bytes(
+        header
+        + sizes.tobytes()
+        + pointers.tobytes()
+        + np.arange(len(sizes) + 1, dtype="<i8").tobytes()
+    )
+    np.array([i for d in stored for i in d], "<u2").tofile(f"{prefix}.bin")
+    return str(prefix)
+
+
+def test_the_first_ends_looked_at_are_found_past_many_empty_documents(tmp_path):
+    """A corpus starting with empty documents is looked at further on, and refused at once."""
+    stored = [[]] * 1000 + [[5, 7]] * 10  # stored without --append-eod
+    prefix = _write_uint16_corpus(tmp_path / "late", stored)
+    with pytest.raises(DataReadError, match=r"document 1000 ends with id 7, not end_of_document"):
+        MegatronIndexedSource(prefix, end_of_document=EOD)
+    assert MegatronIndexedSource(prefix).last_ids()[prefix + ".bin"].tolist() == [7] * 10
+
+
 def test_a_lone_stored_end_reads_as_an_empty_document_and_another_id_there_is_refused(
     tmp_path, monkeypatch
 ):
@@ -544,17 +568,7 @@ def test_a_lone_stored_end_reads_as_an_empty_document_and_another_id_there_is_re
     documents = [[5, 6], [], [EOD], [8], [9, 10], [EOD], [EOD]]
     stored = [d + [EOD] if d and d != [EOD] else d for d in documents]
     stored[6] = [7]  # a lone id that is not the end of document, after the 4 looked at first
-    prefix = str(tmp_path / "lone")
-    sizes = np.array([len(d) for d in stored], "<i4")
-    pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 2]).astype("<i8")
-    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(sizes), len(sizes) + 1)
-    Path(prefix + ".idx").write_bytes(
-        header
-        + sizes.tobytes()
-        + pointers.tobytes()
-        + np.arange(len(sizes) + 1, dtype="<i8").tobytes()
-    )
-    np.array([i for d in stored for i in d], "<u2").tofile(prefix + ".bin")
+    prefix = _write_uint16_corpus(tmp_path / "lone", stored)
     monkeypatch.setattr(megatron_indexed, "SAMPLED_ENDS", 4)
     source = MegatronIndexedSource(prefix, end_of_document=EOD)
     assert source.lengths().tolist() == [2, 0, 0, 1, 2, 0, 0]

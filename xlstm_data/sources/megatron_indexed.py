@@ -729,9 +729,11 @@ class MegatronIndexedSource(TokenSource):
         sampled = {}
         for k, (begin, end) in enumerate(self._ranges):
             lengths = self._index(k).lengths[begin:end]
-            found = np.flatnonzero(lengths[: 4 * per_corpus] > 0)
-            if len(found) < per_corpus:
-                found = np.flatnonzero(lengths > 0)
+            window = 4 * per_corpus  # widened only while too few are non-empty
+            found = np.flatnonzero(lengths[:window] > 0)
+            while len(found) < per_corpus and window < len(lengths):
+                window *= 64
+                found = np.flatnonzero(lengths[:window] > 0)
             if len(found):
                 sampled[k] = begin + found[:per_corpus]  # the corpus's own document numbers
         return sampled
