@@ -11,6 +11,7 @@ were given to the builder.
 from __future__ import annotations
 
 import json
+import mmap
 import multiprocessing
 import pickle
 import re
@@ -743,3 +744,41 @@ def test_advice_the_kernel_refuses_changes_nothing(tmp_path, monkeypatch):
     for read, document in zip(source.read_many(range(len(source))), _documents("web"), strict=True):
         np.testing.assert_array_equal(read, document)
     assert {"MADV_DONTNEED", "MADV_RANDOM"} <= set(advised)
+
+
+def test_a_worker_maps_the_lengths_the_main_process_computed(tmp_path, monkeypatch):
+    """Lengths less their stored ends go through the lengths cache, keyed by the `.idx`.
+
+    Each grain worker gets the source as paths and reads its lengths again:
+    from the cache they are one file every process maps, not a copy each
+    (400 MB a worker at 10^8 documents). A changed `.idx` is another key.
+    """
+    monkeypatch.setenv("XLSTM_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    prefix = _copy(tmp_path, WEB)
+    source = MegatronIndexedSource(prefix, end_of_document=EOD)
+    expected = [len(d) for d in _documents("web")]
+    assert source.lengths().tolist() == expected
+    (entry,) = (tmp_path / "cache" / "lengths").glob("*.npy")
+    worker = pickle.loads(pickle.dumps(source))  # what a grain worker gets
+
+    def not_again():
+        raise AssertionError("a worker computed the lengths again")
+
+    monkeypatch.setattr(worker, "_computed_lengths", not_again)
+    lengths = worker.lengths()
+    assert lengths.tolist() == expected and lengths.dtype == np.int32
+    assert not lengths.flags.writeable
+    base = lengths
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    assert isinstance(base, mmap.mmap)  # the cache's file, mapped
+    # The same corpus written again, one document shorter: another key, other lengths.
+    shorter = [d[:-1] if k == 3 else d for k, d in enumerate(_documents("web"))]
+    stored = [list(d) + [EOD] if len(d) else [] for d in shorter]
+    _write_uint16_corpus(Path(prefix), stored)
+    again = MegatronIndexedSource(prefix, end_of_document=EOD)
+    assert again.lengths().tolist() == [len(d) for d in shorter]
+    assert len(list((tmp_path / "cache" / "lengths").glob("*.npy"))) == 2
+    # One corpus read as mapped (no end_of_document) takes no entry.
+    MegatronIndexedSource(prefix, vocab_size=65536)
+    assert len(list((tmp_path / "cache" / "lengths").glob("*.npy"))) == 2

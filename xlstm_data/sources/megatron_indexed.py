@@ -42,6 +42,7 @@ from absl import logging
 
 from xlstm_data.errors import DataConfigError, DataReadError
 from xlstm_data.sources.base import PathPattern, TokenizerSpec, TokenSource, _check_vocab_size
+from xlstm_data.sources.lengths_cache import cached_lengths, file_signature
 from xlstm_data.sources.token_shards import MappedShard, ShardFiles, TokenShards
 from xlstm_data.sources.tokenizers import Tokenizer, get_tokenizer
 
@@ -682,7 +683,36 @@ class MegatronIndexedSource(TokenSource):
         return self._lengths
 
     def _read_lengths(self) -> np.ndarray:
-        """The lengths of every corpus's split part, one after the other, stored ends left out."""
+        """The lengths of every corpus's split part, one after the other, stored ends left out.
+
+        One corpus of one sequence a document, read without `end_of_document`,
+        gives its `.idx` lengths as mapped. Anything else is a new array,
+        kept in the lengths cache (`lengths_cache`, keyed by each `.idx`'s
+        path, size and mtime): each grain worker reads the source's lengths
+        again, and without the cache made its own copy (400 MB a worker at
+        10^8 documents); with it, every process maps the one file.
+        """
+        if len(self._ranges) == 1 and self.end_of_document is None:
+            lengths = self._index(0).lengths
+            if lengths is self._index(0).sequence_lengths:
+                begin, end = self._ranges[0]
+                return lengths[begin:end]
+        parts = {
+            "source": "MegatronIndexedSource",
+            "indexes": [file_signature(p + ".idx") for p in self._prefixes],
+            "ranges": [list(r) for r in self._ranges],
+            "stored_ends_left_out": self.end_of_document is not None,
+        }
+        return cached_lengths(
+            parts,
+            sum(end - begin for begin, end in self._ranges),
+            self._computed_lengths,
+            f"MegatronIndexedSource({self._prefixes[0]}{', ...' * (len(self._prefixes) > 1)})",
+            dtype=np.int32,
+        )
+
+    def _computed_lengths(self) -> np.ndarray:
+        """`_read_lengths` from the `.idx` files themselves."""
         if self.end_of_document is None:
             parts = [self._index(k).lengths[b:e] for k, (b, e) in enumerate(self._ranges)]
         else:  # less a stored end, which an empty document does not have
