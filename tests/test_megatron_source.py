@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import mmap
 import multiprocessing
+import os
 import pickle
 import re
 import shutil
@@ -482,6 +483,8 @@ def test_document_boundaries_are_checked_in_blocks_across_their_seams(tmp_path, 
     one_each = megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 2, 3, 4]))
     assert one_each._bounds is None and one_each.lengths.tolist() == [1, 1, 1, 1]
     several = megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 1, 3]))
+    assert several.stored_lengths(np.array([2, 1, 0, 1])).tolist() == [2, 0, 1, 0]
+    assert several._summed is None  # looked up one by one, nothing summed
     assert several.lengths.tolist() == [1, 0, 2]  # an empty document, then one of two
     with pytest.raises(DataReadError, match="boundaries must rise from 0 to 4.*and fall"):
         megatron_indexed._Index(_index_with_boundaries(tmp_path, [0, 1, 2, 1, 4]))
@@ -746,19 +749,25 @@ def test_advice_the_kernel_refuses_changes_nothing(tmp_path, monkeypatch):
     assert {"MADV_DONTNEED", "MADV_RANDOM"} <= set(advised)
 
 
-def test_a_worker_maps_the_lengths_the_main_process_computed(tmp_path, monkeypatch):
-    """Lengths less their stored ends go through the lengths cache, keyed by the `.idx`.
+@pytest.mark.parametrize("corpus", ["web with its stored ends", "code of several sentences"])
+def test_a_worker_maps_the_lengths_the_main_process_computed(tmp_path, monkeypatch, corpus):
+    """Lengths that are not the `.idx`'s own go through the lengths cache, keyed by the `.idx`.
 
     Each grain worker gets the source as paths and reads its lengths again:
     from the cache they are one file every process maps, not a copy each
-    (400 MB a worker at 10^8 documents). A changed `.idx` is another key.
+    (400 MB a worker at 10^8 documents). A worker of a corpus of several
+    sentences a document never sums its documents' sequences either.
     """
     monkeypatch.setenv("XLSTM_DATA_CACHE_DIR", str(tmp_path / "cache"))
-    prefix = _copy(tmp_path, WEB)
-    source = MegatronIndexedSource(prefix, end_of_document=EOD)
-    expected = [len(d) for d in _documents("web")]
+    if corpus.startswith("web"):
+        source = MegatronIndexedSource(_copy(tmp_path, WEB), end_of_document=EOD)
+        documents = _documents("web")
+    else:
+        source = MegatronIndexedSource(_copy(tmp_path, CODE), vocab_size=100_000)
+        documents = _documents("code")
+    expected = [len(d) for d in documents]
     assert source.lengths().tolist() == expected
-    (entry,) = (tmp_path / "cache" / "lengths").glob("*.npy")
+    assert len(list((tmp_path / "cache" / "lengths").glob("*.npy"))) == 1
     worker = pickle.loads(pickle.dumps(source))  # what a grain worker gets
 
     def not_again():
@@ -772,13 +781,38 @@ def test_a_worker_maps_the_lengths_the_main_process_computed(tmp_path, monkeypat
     while getattr(base, "base", None) is not None:
         base = base.base
     assert isinstance(base, mmap.mmap)  # the cache's file, mapped
-    # The same corpus written again, one document shorter: another key, other lengths.
-    shorter = [d[:-1] if k == 3 else d for k, d in enumerate(_documents("web"))]
-    stored = [list(d) + [EOD] if len(d) else [] for d in shorter]
-    _write_uint16_corpus(Path(prefix), stored)
-    again = MegatronIndexedSource(prefix, end_of_document=EOD)
-    assert again.lengths().tolist() == [len(d) for d in shorter]
-    assert len(list((tmp_path / "cache" / "lengths").glob("*.npy"))) == 2
-    # One corpus read as mapped (no end_of_document) takes no entry.
-    MegatronIndexedSource(prefix, vocab_size=65536)
-    assert len(list((tmp_path / "cache" / "lengths").glob("*.npy"))) == 2
+    for read, document in zip(worker.read_many(range(len(worker))), documents, strict=True):
+        np.testing.assert_array_equal(read, document)
+    assert worker._index(0)._summed is None  # no sum of every document's sequences
+
+
+def test_a_rewritten_idx_of_the_same_size_and_mtime_is_not_read_from_the_cache(
+    tmp_path, monkeypatch
+):
+    """An `.idx`'s size follows from its counts: other lengths, same size, old mtime (`cp -p`)."""
+    monkeypatch.setenv("XLSTM_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    prefix = _write_uint16_corpus(tmp_path / "a", [[1, 2, 3], [4, 5]])
+    other = _write_uint16_corpus(tmp_path / "b", [[6], [7, 8]])
+    assert MegatronIndexedSource([prefix, other]).lengths().tolist() == [3, 2, 1, 2]
+    times = os.stat(prefix + ".idx")
+    _write_uint16_corpus(Path(prefix), [[1], [2, 3, 4, 5]])  # in place: same inode, same sizes
+    os.utime(prefix + ".idx", ns=(times.st_atime_ns, times.st_mtime_ns))
+    os.utime(prefix + ".bin", ns=(times.st_atime_ns, times.st_mtime_ns))
+    source = MegatronIndexedSource([prefix, other])
+    assert source.lengths().tolist() == [1, 4, 1, 2]
+    assert [d.tolist() for d in source.read_many(range(4))] == [[1], [2, 3, 4, 5], [6], [7, 8]]
+
+
+def test_a_cached_entry_that_disagrees_with_the_idx_is_counted_again(tmp_path, monkeypatch):
+    """Were a key to miss a change, the first and last documents' lengths are checked on a hit."""
+    from xlstm_data.sources import megatron_indexed
+
+    monkeypatch.setenv("XLSTM_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(megatron_indexed, "_identity", lambda path: [path])  # a blind key
+    prefix = _write_uint16_corpus(tmp_path / "a", [[1, 2, 3], [4, 5]])
+    other = _write_uint16_corpus(tmp_path / "b", [[6], [7, 8]])
+    assert MegatronIndexedSource([prefix, other]).lengths().tolist() == [3, 2, 1, 2]
+    _write_uint16_corpus(Path(prefix), [[1], [2, 3, 4, 5]])
+    assert MegatronIndexedSource([prefix, other]).lengths().tolist() == [1, 4, 1, 2]
+    (entry,) = (tmp_path / "cache" / "lengths").glob("*.npy")
+    assert np.load(entry).tolist() == [1, 4, 1, 2]  # replaced

@@ -235,8 +235,30 @@ def test_a_bad_cache_entry_is_recomputed(corpus, cache_dir, scans):
     assert TextFileSource(str(corpus / "*")).lengths().tolist() == expected
     entry.write_bytes(b"garbage")
     assert TextFileSource(str(corpus / "*")).lengths().tolist() == expected
-    assert len(scans) == 3
+    entry.write_bytes(b"")  # what a crash between the write and the rename could leave
+    assert TextFileSource(str(corpus / "*")).lengths().tolist() == expected
+    assert len(scans) == 4
     assert np.load(entry).tolist() == expected
+
+
+def test_an_entry_is_checked_and_a_narrow_dtype_never_wraps(cache_dir):
+    from xlstm_data.sources.lengths_cache import cached_lengths
+
+    parts = {"test": "narrow"}
+    computed = []
+
+    def compute():
+        computed.append(True)
+        return np.array([3, 1, 4], np.int64)
+
+    first = cached_lengths(parts, 3, compute, "t", dtype=np.int32)
+    assert first.dtype == np.int32 and first.tolist() == [3, 1, 4]
+    assert cached_lengths(parts, 3, compute, "t", dtype=np.int32, check=lambda v: True).tolist()
+    assert len(computed) == 1  # read back, found right
+    assert cached_lengths(parts, 3, compute, "t", dtype=np.int32, check=lambda v: False).tolist()
+    assert len(computed) == 2  # refused by its check: counted again and stored again
+    with pytest.raises(ValueError, match="does not fit int32"):
+        cached_lengths({"test": "wide"}, 1, lambda: np.array([1 << 33]), "t", dtype=np.int32)
 
 
 def test_a_custom_tokenizer_is_not_cached_on_disk(corpus, cache_dir, scans):

@@ -266,6 +266,12 @@ def check_ids_are_bounded(prefixes: list[str], arg: str) -> None:
             )
 
 
+def _identity(path: str) -> list[Any]:
+    """What a file's cached lengths depend on: path, size, mtime, inode and change time."""
+    stat = os.stat(path)
+    return [*file_signature(path), int(stat.st_ino), int(stat.st_ctime_ns)]
+
+
 def _advise(mapped: mmap.mmap | None, advice: str, *where: int) -> None:
     """`mapped.madvise(mmap.<advice>, *where)` where the platform has it; never fails.
 
@@ -348,12 +354,38 @@ class _Index:
         # left 424 MB of the .idx resident.
         _advise(mapped, "MADV_RANDOM")
         #: Each document's first sequence is `bounds[d]`; None for one sequence a document.
-        self._bounds: np.ndarray | None = None
-        if low == high == 1:  # one sequence a document: the lengths as mapped, no copy
-            self.lengths = self.sequence_lengths
-        else:
-            self._bounds = bounds
-            self.lengths = self._summed_lengths(bounds, bounds_at)
+        self._bounds: np.ndarray | None = None if low == high == 1 else bounds
+        self._bounds_at = bounds_at
+        self._summed: np.ndarray | None = None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every document's stored length: the mapped lengths, or its sequences' summed.
+
+        Summed on first use only: a process that takes the source's lengths
+        from the lengths cache (a grain worker) reads documents by their
+        sequences and never needs them (4 bytes a document).
+        """
+        if self._bounds is None:
+            return self.sequence_lengths
+        if self._summed is None:
+            self._summed = self._summed_lengths(self._bounds, self._bounds_at)
+        return self._summed
+
+    def stored_lengths(self, documents: np.ndarray) -> np.ndarray:
+        """The stored lengths of some `documents`, without summing every document's."""
+        documents = np.asarray(documents, dtype=np.int64)
+        if self._bounds is None:
+            return self.sequence_lengths[documents].astype(np.int64)
+        first = self._bounds[documents]
+        counts = self._bounds[documents + 1] - first
+        sums = np.zeros(len(documents), dtype=np.int64)
+        starts = np.cumsum(counts) - counts  # each document's first place in `values`
+        values = self.sequence_lengths[np.repeat(first - starts, counts) + np.arange(counts.sum())]
+        filled = counts > 0
+        if filled.any():
+            sums[filled] = np.add.reduceat(values.astype(np.int64), starts[filled])
+        return sums
 
     def _summed_lengths(self, bounds: np.ndarray, bounds_at: int) -> np.ndarray:
         """Each document's length, its sequences' summed, a block of documents at a time (int32).
@@ -420,7 +452,7 @@ class _Index:
 
     @property
     def documents(self) -> int:
-        return len(self.lengths)
+        return len(self.sequence_lengths) if self._bounds is None else len(self._bounds) - 1
 
     def check_back_to_back(self) -> None:
         """Checks that the sequences of documents of several lie back to back in the `.bin`."""
@@ -615,7 +647,7 @@ class MegatronIndexedSource(TokenSource):
             # document, not twice (424 MB of it resident at 10^8 documents, first batch).
             stored = read > 0
             empty = np.flatnonzero(~stored)
-            stored[empty] = index.lengths[documents[empty]] > 0
+            stored[empty] = index.stored_lengths(documents[empty]) > 0
             ends = end[stored]
             if len(ends) and (int(ends.max()) >= len(tokens) or (tokens[ends] != eod).any()):
                 self._refuse_stored_ends(k, tokens, documents[stored], ends, "the {} read together")
@@ -693,13 +725,15 @@ class MegatronIndexedSource(TokenSource):
         10^8 documents); with it, every process maps the one file.
         """
         if len(self._ranges) == 1 and self.end_of_document is None:
-            lengths = self._index(0).lengths
-            if lengths is self._index(0).sequence_lengths:
+            index = self._index(0)
+            if index._bounds is None:  # one sequence a document
                 begin, end = self._ranges[0]
-                return lengths[begin:end]
+                return index.sequence_lengths[begin:end]
         parts = {
             "source": "MegatronIndexedSource",
-            "indexes": [file_signature(p + ".idx") for p in self._prefixes],
+            # An .idx's size follows from its counts alone: a rewrite with other lengths
+            # and its old mtime (`cp -p`) is told apart by its inode and change time.
+            "indexes": [_identity(p + ".idx") for p in self._prefixes],
             "ranges": [list(r) for r in self._ranges],
             "stored_ends_left_out": self.end_of_document is not None,
         }
@@ -709,7 +743,24 @@ class MegatronIndexedSource(TokenSource):
             self._computed_lengths,
             f"MegatronIndexedSource({self._prefixes[0]}{', ...' * (len(self._prefixes) > 1)})",
             dtype=np.int32,
+            check=self._agrees,
         )
+
+    def _agrees(self, lengths: np.ndarray) -> bool:
+        """Whether cached `lengths` hold each corpus's first and last documents' as its `.idx`."""
+        at = 0
+        for k, (begin, end) in enumerate(self._ranges):
+            index = self._index(k)
+            local = np.unique(
+                np.r_[np.arange(begin, min(end, begin + 8)), np.arange(max(begin, end - 8), end)]
+            )
+            expected = index.stored_lengths(local)
+            if self.end_of_document is not None:
+                expected = expected - (expected > 0)
+            if not np.array_equal(lengths[at + local - begin], expected):
+                return False
+            at += end - begin
+        return True
 
     def _computed_lengths(self) -> np.ndarray:
         """`_read_lengths` from the `.idx` files themselves."""
@@ -758,12 +809,14 @@ class MegatronIndexedSource(TokenSource):
         per_corpus = max(4, SAMPLED_ENDS // len(self._prefixes))
         sampled = {}
         for k, (begin, end) in enumerate(self._ranges):
-            lengths = self._index(k).lengths[begin:end]
+            index = self._index(k)
             window = 4 * per_corpus  # widened only while too few are non-empty
-            found = np.flatnonzero(lengths[:window] > 0)
-            while len(found) < per_corpus and window < len(lengths):
+            while True:
+                looked = np.arange(begin, min(end, begin + window))
+                found = np.flatnonzero(index.stored_lengths(looked) > 0)
+                if len(found) >= per_corpus or window >= end - begin:
+                    break
                 window *= 64
-                found = np.flatnonzero(lengths[:window] > 0)
             if len(found):
                 sampled[k] = begin + found[:per_corpus]  # the corpus's own document numbers
         return sampled
@@ -771,7 +824,7 @@ class MegatronIndexedSource(TokenSource):
     def _stored_ends(self, k: int, local: np.ndarray) -> np.ndarray:
         """Where documents `local` of corpus `k` store their last id (with their `.idx` lengths)."""
         index = self._index(k)
-        _, end = index.spans(local, index.lengths[local])
+        _, end = index.spans(local, index.stored_lengths(local))
         return end - 1
 
     def _check_sampled_ends(self) -> None:
