@@ -216,9 +216,10 @@ def cached_lengths(
             return found
     logging.info("%s: counting the tokens of %d documents (done once per machine).", what, count)
     computed = np.asarray(compute())
-    bounds = np.iinfo(dtype)
-    if computed.size and (int(computed.max()) > bounds.max or int(computed.min()) < bounds.min):
-        raise ValueError(f"{what}: a document length does not fit {dtype.name}.")
+    if computed.size and not np.can_cast(computed.dtype, dtype):  # a pass only when narrowing
+        bounds = np.iinfo(dtype)
+        if int(computed.max()) > bounds.max or int(computed.min()) < bounds.min:
+            raise ValueError(f"{what}: a document length does not fit {dtype.name}.")
     lengths = np.ascontiguousarray(computed, dtype=dtype)
     if lengths.shape != (count,):
         raise ValueError(f"{what}: computed {lengths.shape} lengths for {count} documents.")

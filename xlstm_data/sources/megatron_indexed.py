@@ -272,6 +272,11 @@ def _identity(path: str) -> list[Any]:
     return [*file_signature(path), int(stat.st_ino), int(stat.st_ctime_ns)]
 
 
+def _less_stored_ends(lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Stored lengths less each document's stored end; an empty document stores none."""
+    return np.subtract(lengths, lengths > 0, out=out)
+
+
 def _advise(mapped: mmap.mmap | None, advice: str, *where: int) -> None:
     """`mapped.madvise(mmap.<advice>, *where)` where the platform has it; never fails.
 
@@ -298,13 +303,13 @@ def _step_range(blocks: Iterator[np.ndarray]) -> tuple[int, int]:
     Each block overlaps the next by one boundary. A corpus of 10^8
     documents would otherwise take an 800 MB temporary.
     """
-    low = high = None
+    lows, highs = [], []
     for block in blocks:
         if len(block) > 1:
             steps = np.diff(block)
-            low = min(int(steps.min()), low if low is not None else int(steps.min()))
-            high = max(int(steps.max()), high if high is not None else int(steps.max()))
-    return (1, 1) if low is None else (low, high)
+            lows.append(int(steps.min()))
+            highs.append(int(steps.max()))
+    return (min(lows), max(highs)) if lows else (1, 1)
 
 
 class _Index:
@@ -443,11 +448,11 @@ class _Index:
         """
         lengths = self.lengths[begin:end]
         if self._bounds is not None:  # lengths summed over sequences: already a new array
-            return lengths - (lengths > 0)
+            return _less_stored_ends(lengths)
         out = np.empty(len(lengths), dtype=lengths.dtype)
         offset = _HEADER + begin * lengths.itemsize
         for k, block in enumerate(self._released_blocks(lengths, offset)):
-            np.subtract(block, block > 0, out=out[k * _BLOCK : k * _BLOCK + len(block)])
+            _less_stored_ends(block, out=out[k * _BLOCK : k * _BLOCK + len(block)])
         return out
 
     @property
@@ -720,9 +725,10 @@ class MegatronIndexedSource(TokenSource):
         One corpus of one sequence a document, read without `end_of_document`,
         gives its `.idx` lengths as mapped. Anything else is a new array,
         kept in the lengths cache (`lengths_cache`, keyed by each `.idx`'s
-        path, size and mtime): each grain worker reads the source's lengths
-        again, and without the cache made its own copy (400 MB a worker at
-        10^8 documents); with it, every process maps the one file.
+        path, size, mtime, inode and change time, and checked on a hit by
+        `_agrees`): each grain worker reads the source's lengths again, and
+        without the cache made its own copy (400 MB a worker at 10^8
+        documents); with it, every process maps the one file.
         """
         if len(self._ranges) == 1 and self.end_of_document is None:
             index = self._index(0)
@@ -756,7 +762,7 @@ class MegatronIndexedSource(TokenSource):
             )
             expected = index.stored_lengths(local)
             if self.end_of_document is not None:
-                expected = expected - (expected > 0)
+                expected = _less_stored_ends(expected)
             if not np.array_equal(lengths[at + local - begin], expected):
                 return False
             at += end - begin
